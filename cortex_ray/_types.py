@@ -1,0 +1,360 @@
+"""The typed vocabulary of the decision cycle.
+
+These pydantic models are the boundary types: what is stored, what crosses the seams
+(PERCEIVE → DECIDE → ACT → LEARN) and what the HTTP API and CLI show.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Literal
+from uuid import UUID, uuid4
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ActionType",
+    "Agent",
+    "AgentAction",
+    "AgentMode",
+    "Candidate",
+    "Decision",
+    "DecisionKind",
+    "Grant",
+    "MemoryKind",
+    "MemoryRecord",
+    "MemorySnapshot",
+    "Observation",
+    "ObservationStatus",
+    "Principal",
+    "PrincipalKind",
+    "ProceduralProposal",
+    "ProposalStatus",
+    "RunStatus",
+    "ScoredMemory",
+    "Session",
+    "SessionStatus",
+    "Step",
+    "TaskRun",
+    "ToolSpec",
+    "Turn",
+    "TurnResult",
+    "WorkingMemory",
+    "utcnow",
+]
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware in UTC (the only clock the core reads)."""
+    return datetime.now(UTC)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AgentMode(StrEnum):
+    """Which driver decides: a person in the loop, or a goal and a step budget."""
+
+    INTERACTIVE = "INTERACTIVE"
+    AUTONOMOUS = "AUTONOMOUS"
+
+
+class ActionType(StrEnum):
+    """CoALA's action categories.
+
+    REASONING and RETRIEVAL and LEARNING are internal actions (they read or write the
+    agent's own memories); GROUNDING acts on the outside world, dialogue and reading the
+    clock included. GROUNDING is the default for a tool nobody classified.
+    """
+
+    REASONING = "REASONING"
+    RETRIEVAL = "RETRIEVAL"
+    LEARNING = "LEARNING"
+    GROUNDING = "GROUNDING"
+
+
+class Grant(_Model):
+    """What a principal may invoke: tool names (``"*"`` for all) and whole action types."""
+
+    tools: frozenset[str] = frozenset()
+    action_types: frozenset[ActionType] = frozenset()
+
+    def allows(self, tool: str, action_type: ActionType) -> bool:
+        return "*" in self.tools or tool in self.tools or action_type in self.action_types
+
+
+class PrincipalKind(StrEnum):
+    USER = "USER"
+    AGENT = "AGENT"
+    SERVICE = "SERVICE"
+
+
+class Principal(_Model):
+    """Who a tool call runs as. ``grant=None`` means no policy, which denies everything."""
+
+    id: str
+    org_id: str
+    kind: PrincipalKind = PrincipalKind.USER
+    name: str = ""
+    is_admin: bool = False
+    grant: Grant | None = None
+
+
+class Agent(_Model):
+    """An agent's definition: its procedural memory (persona, skills, tool set) and grant."""
+
+    id: UUID = Field(default_factory=uuid4)
+    org_id: str
+    name: str = Field(min_length=1, max_length=200)
+    persona: str = ""
+    mode: AgentMode = AgentMode.INTERACTIVE
+    tools: tuple[str, ...] = ()
+    skills: tuple[str, ...] = ()
+    grant: Grant | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+    def principal(self) -> Principal:
+        """The non-admin principal an autonomous run of this agent acts as."""
+        return Principal(
+            id=f"agent:{self.id}",
+            org_id=self.org_id,
+            kind=PrincipalKind.AGENT,
+            name=self.name,
+            is_admin=False,
+            grant=self.grant,
+        )
+
+
+class ToolSpec(_Model):
+    """A tool as the model sees it: name, description, JSON schema and action category."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}, "additionalProperties": False}
+    )
+    action_type: ActionType = ActionType.GROUNDING
+
+
+class AgentAction(_Model):
+    """One selected action: a tool with arguments, its category and why it was chosen."""
+
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    action_type: ActionType = ActionType.GROUNDING
+    rationale: str = ""
+
+
+class Candidate(_Model):
+    """One proposal of the autonomous planner, with its score once evaluated."""
+
+    index: int
+    kind: Literal["tool", "finish"]
+    tool: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    message: str | None = None
+    rationale: str = ""
+    score: float | None = None
+    valid: bool = True
+    invalid_reason: str | None = None
+
+
+class DecisionKind(StrEnum):
+    ACT = "ACT"
+    FINISH = "FINISH"
+    REPLY = "REPLY"
+
+
+class Decision(_Model):
+    """What DECIDE hands to the cycle: act with a tool, finish the run, or reply to a person."""
+
+    kind: DecisionKind
+    action: AgentAction | None = None
+    message: str | None = None
+    candidates: tuple[Candidate, ...] = ()
+    selected: int | None = None
+    reason: str = ""
+    failed: bool = False
+
+
+class ObservationStatus(StrEnum):
+    OK = "OK"
+    REFUSED = "REFUSED"
+    ERROR = "ERROR"
+    TIMEOUT = "TIMEOUT"
+    CANCELLED = "CANCELLED"
+
+
+class Observation(_Model):
+    """What an action returned, bounded in size, as the next cycle perceives it."""
+
+    tool: str
+    action_type: ActionType
+    status: ObservationStatus
+    summary: str
+    output: Any = None
+    truncated: bool = False
+    duration_ms: float = 0.0
+    step_index: int | None = None
+
+
+class MemoryKind(StrEnum):
+    EPISODIC = "EPISODIC"
+    SEMANTIC = "SEMANTIC"
+    PROCEDURAL = "PROCEDURAL"
+
+
+class MemoryRecord(_Model):
+    """One long-term memory row, with valid time and record time."""
+
+    id: UUID = Field(default_factory=uuid4)
+    org_id: str
+    agent_id: UUID
+    kind: MemoryKind
+    content: str
+    subject: str | None = None
+    importance: float = Field(default=5.0, ge=1.0, le=10.0)
+    valid_from: datetime = Field(default_factory=utcnow)
+    valid_to: datetime | None = None
+    recorded_at: datetime = Field(default_factory=utcnow)
+    superseded_at: datetime | None = None
+    superseded_by: UUID | None = None
+    run_id: UUID | None = None
+    session_id: UUID | None = None
+    step_index: int | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScoredMemory(_Model):
+    """A recalled memory with its normalised score terms and their weighted sum."""
+
+    memory: MemoryRecord
+    similarity: float
+    recency: float
+    importance: float
+    score: float
+
+
+class MemorySnapshot(_Model):
+    """Long-term memory as read ONCE at the start of a cycle."""
+
+    query: str
+    recalled: tuple[ScoredMemory, ...] = ()
+    taken_at: datetime = Field(default_factory=utcnow)
+
+
+class WorkingMemory(_Model):
+    """Everything the model sees in one cycle, before the composer renders it."""
+
+    mode: AgentMode
+    agent_name: str
+    persona: str
+    skills: tuple[str, ...] = ()
+    objective: str
+    snapshot: MemorySnapshot
+    action_space: tuple[ToolSpec, ...] = ()
+    observations: tuple[Observation, ...] = ()
+    conversation: tuple[Turn, ...] = ()
+    step_index: int = 0
+    max_steps: int | None = None
+
+
+class Turn(_Model):
+    """One message of an interactive conversation."""
+
+    role: Literal["user", "assistant", "tool"]
+    content: str
+    tool: str | None = None
+
+
+class TurnResult(_Model):
+    """What one interactive turn produced: the reply (a dialogue action) and tool observations."""
+
+    session_id: UUID
+    reply: str | None
+    observations: tuple[Observation, ...] = ()
+    refused: str | None = None
+
+
+class RunStatus(StrEnum):
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+class Step(_Model):
+    """One ledger row: propose → evaluate → select → act → observe, keyed by (run, index)."""
+
+    run_id: UUID
+    step_index: int
+    decision: DecisionKind
+    candidates: tuple[Candidate, ...] = ()
+    selected: int | None = None
+    action: AgentAction | None = None
+    action_type: ActionType | None = None
+    observation: Observation | None = None
+    message: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class TaskRun(_Model):
+    """One autonomous run of an agent against a goal, with its step log."""
+
+    id: UUID = Field(default_factory=uuid4)
+    org_id: str
+    agent_id: UUID
+    name: str = ""
+    goal: str
+    status: RunStatus = RunStatus.RUNNING
+    max_steps: int
+    caller_id: str | None = None
+    result: str | None = None
+    reason: str | None = None
+    steps: tuple[Step, ...] = ()
+    created_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+class SessionStatus(StrEnum):
+    OPEN = "OPEN"
+    ENDED = "ENDED"
+
+
+class Session(_Model):
+    """An interactive conversation between a caller and an agent."""
+
+    id: UUID = Field(default_factory=uuid4)
+    org_id: str
+    agent_id: UUID
+    caller_id: str
+    status: SessionStatus = SessionStatus.OPEN
+    created_at: datetime = Field(default_factory=utcnow)
+    ended_at: datetime | None = None
+
+
+class ProposalStatus(StrEnum):
+    PENDING = "PENDING"
+    APPROVED = "APPROVED"
+    REJECTED = "REJECTED"
+
+
+class ProceduralProposal(_Model):
+    """An edit of an agent's persona or skills that waits for a person's approval."""
+
+    id: UUID = Field(default_factory=uuid4)
+    org_id: str
+    agent_id: UUID
+    field: Literal["persona", "skills"]
+    value: str | tuple[str, ...]
+    rationale: str = ""
+    status: ProposalStatus = ProposalStatus.PENDING
+    proposed_by: str
+    decided_by: str | None = None
+    proposed_at: datetime = Field(default_factory=utcnow)
+    decided_at: datetime | None = None
+
+
+WorkingMemory.model_rebuild()

@@ -1,0 +1,305 @@
+"""The one invocation gate. Every tool call, chosen by a model or made directly, passes here:
+
+unknown tool? → arguments valid against the schema? → AccessControlService → before-hooks →
+run under a timeout (and cancellation) → bound the output → after-hooks → audit row and a log
+line and a span carrying the action category.
+
+Failures become an ``Observation`` with status REFUSED / ERROR / TIMEOUT (CANCELLED is
+recorded, then re-raised): nothing a tool does escapes the decision cycle as an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from uuid import UUID
+
+import jsonschema
+from opentelemetry import trace
+
+from cortex_ray._settings import Settings
+from cortex_ray._types import (
+    ActionType,
+    Agent,
+    AgentMode,
+    Observation,
+    ObservationStatus,
+    Principal,
+    ToolSpec,
+)
+from cortex_ray.access import AccessControlService
+from cortex_ray.act._tools import Tool, ToolContext, ToolRegistry
+from cortex_ray.storage import AuditEntry, Store
+
+__all__ = ["Dispatch", "InvocationContext", "ToolDispatcher", "ToolHook"]
+
+log = logging.getLogger("cortex_ray.act")
+tracer = trace.get_tracer("cortex_ray")
+
+_CATEGORY_ORDER = {t: i for i, t in enumerate(ActionType)}
+
+
+@dataclass(frozen=True, slots=True)
+class InvocationContext:
+    """Who asks for a call and where it belongs (run and step, or session)."""
+
+    agent: Agent
+    caller: Principal | None
+    mode: AgentMode
+    run_id: UUID | None = None
+    session_id: UUID | None = None
+    step_index: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """The outcome of one call: what the cycle observes, and what the audit log keeps."""
+
+    observation: Observation
+    audit: AuditEntry
+
+    @property
+    def refused_as_invalid(self) -> bool:
+        """Unknown tool or invalid arguments: the call was never executed."""
+        return self.observation.status is ObservationStatus.REFUSED and bool(
+            self.audit.reason
+            and self.audit.reason.startswith(("unknown tool", "invalid arguments"))
+        )
+
+
+class ToolHook(Protocol):
+    """Runs around every call. ``before`` may veto by returning a reason; ``after`` may rewrite."""
+
+    async def before(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> str | None: ...
+
+    async def after(
+        self, ctx: ToolContext, tool: Tool, observation: Observation
+    ) -> Observation: ...
+
+
+def _bound(output: Any, limit: int) -> tuple[Any, str, bool]:
+    """JSON-safe output, its text, and whether it was cut to ``limit`` characters."""
+    text = (
+        output if isinstance(output, str) else json.dumps(output, default=str, ensure_ascii=False)
+    )
+    if len(text) <= limit:
+        return (output if not isinstance(output, str) else text), text, False
+    cut = text[: limit - 1] + "…"
+    return cut, cut, True
+
+
+class ToolDispatcher:
+    """The invocation gate (see the module docstring)."""
+
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        access: AccessControlService,
+        store: Store,
+        settings: Settings,
+        *,
+        memory: Any = None,
+        hooks: Sequence[ToolHook] = (),
+    ) -> None:
+        self.registry = registry
+        self.access = access
+        self.store = store
+        self.settings = settings
+        self.memory = memory
+        self.hooks = list(hooks)
+
+    def action_space(
+        self, agent: Agent, caller: Principal | None, mode: AgentMode
+    ) -> list[ToolSpec]:
+        """The tools this principal may use for this agent, grouped by action type.
+
+        An interactive caller sees only what both the caller and the agent may do.
+        """
+        specs = []
+        for name in agent.tools:
+            tool = self.registry.get(name)
+            if tool is None:
+                continue
+            action_type = self.registry.classifier.classify(tool)
+            if self.access.decide(agent, caller, name, action_type, mode=mode).allowed:
+                specs.append(self.registry.spec(tool))
+        return sorted(specs, key=lambda s: (_CATEGORY_ORDER[s.action_type], s.name))
+
+    async def invoke(
+        self, ctx: InvocationContext, tool_name: str, args: dict[str, Any]
+    ) -> Observation:
+        """Execute one call and write its audit row in a transaction of its own (direct calls)."""
+        dispatch = await self.execute(ctx, tool_name, args)
+        await self._write_audit(dispatch.audit)
+        return dispatch.observation
+
+    async def execute(
+        self, ctx: InvocationContext, tool_name: str, args: dict[str, Any]
+    ) -> Dispatch:
+        """Run the gate; the caller persists ``Dispatch.audit`` (the cycle does so in the same
+        transaction as the step's ledger and memory rows)."""
+        tool = self.registry.get(tool_name)
+        action_type = self.registry.classifier.classify(tool) if tool else ActionType.GROUNDING
+        principal = self.access.principal_for(ctx.agent, ctx.caller, ctx.mode)
+        tctx = ToolContext(
+            org_id=ctx.agent.org_id,
+            agent=ctx.agent,
+            principal=principal,
+            mode=ctx.mode,
+            run_id=ctx.run_id,
+            session_id=ctx.session_id,
+            step_index=ctx.step_index,
+            memory=self.memory,
+        )
+        with tracer.start_as_current_span(
+            "cortex.act",
+            attributes={
+                "cortex.tool": tool_name,
+                "cortex.action_type": action_type.value,
+                "cortex.mode": ctx.mode.value,
+                "cortex.org": ctx.agent.org_id,
+            },
+        ) as span:
+            started = time.perf_counter()
+            try:
+                observation, reason = await self._run(tctx, tool, tool_name, action_type, args)
+            except asyncio.CancelledError:
+                # Record the cancelled call, then let the cancellation go on.
+                log.warning("dispatch tool=%s category=%s cancelled", tool_name, action_type.value)
+                audit = self._audit(
+                    ctx,
+                    tctx,
+                    tool_name,
+                    action_type,
+                    args,
+                    "CANCELLED",
+                    "cancelled",
+                    (time.perf_counter() - started) * 1000,
+                )
+                await asyncio.shield(self._write_audit(audit))
+                raise
+            duration_ms = (time.perf_counter() - started) * 1000
+            observation = observation.model_copy(
+                update={"duration_ms": duration_ms, "step_index": ctx.step_index}
+            )
+            span.set_attribute("cortex.status", observation.status.value)
+        log.info(
+            "dispatch tool=%s category=%s status=%s principal=%s run=%s step=%s %.1fms%s",
+            tool_name,
+            action_type.value,
+            observation.status.value,
+            principal.id,
+            ctx.run_id,
+            ctx.step_index,
+            duration_ms,
+            f" reason={reason}" if reason else "",
+            extra={"action_type": action_type.value, "tool": tool_name},
+        )
+        audit = self._audit(
+            ctx, tctx, tool_name, action_type, args, observation.status.value, reason, duration_ms
+        )
+        return Dispatch(observation, audit)
+
+    @staticmethod
+    def _audit(
+        ctx: InvocationContext,
+        tctx: ToolContext,
+        tool_name: str,
+        action_type: ActionType,
+        args: dict[str, Any],
+        status: str,
+        reason: str | None,
+        duration_ms: float,
+    ) -> AuditEntry:
+        return AuditEntry(
+            org_id=ctx.agent.org_id,
+            principal_id=tctx.principal.id,
+            agent_id=ctx.agent.id,
+            mode=ctx.mode,
+            tool=tool_name,
+            action_type=action_type,
+            status=status,
+            reason=reason,
+            args=args if isinstance(args, dict) else {"_invalid": repr(args)},
+            duration_ms=duration_ms,
+            run_id=ctx.run_id,
+            step_index=ctx.step_index,
+            session_id=ctx.session_id,
+            idempotency_key=tctx.idempotency_key,
+        )
+
+    async def _write_audit(self, audit: AuditEntry) -> None:
+        async with self.store.db.transaction() as conn:
+            await self.store.insert_audit(conn, audit)
+
+    async def _run(
+        self,
+        ctx: ToolContext,
+        tool: Tool | None,
+        name: str,
+        action_type: ActionType,
+        args: dict[str, Any],
+    ) -> tuple[Observation, str | None]:
+        def refuse(reason: str) -> tuple[Observation, str]:
+            obs = Observation(
+                tool=name,
+                action_type=action_type,
+                status=ObservationStatus.REFUSED,
+                summary=f"refused: {reason}",
+            )
+            return obs, reason
+
+        if tool is None:
+            return refuse(f"unknown tool {name!r}")
+        if not isinstance(args, dict):
+            return refuse("invalid arguments: arguments must be a JSON object")
+        errors = sorted(
+            jsonschema.Draft202012Validator(tool.parameters).iter_errors(args),
+            key=lambda e: list(e.path),
+        )
+        if errors:
+            where = "/".join(str(p) for p in errors[0].path) or "arguments"
+            return refuse(f"invalid arguments: {where}: {errors[0].message}")
+        decision = self.access.decide(ctx.agent, ctx.principal, name, action_type, mode=ctx.mode)
+        if not decision.allowed:
+            return refuse(f"access denied: {decision.reason}")
+        for hook in self.hooks:
+            veto = await hook.before(ctx, tool, args)
+            if veto:
+                return refuse(f"hook: {veto}")
+
+        timeout = tool.timeout_s or self.settings.tool_timeout_s
+        status, reason, output = ObservationStatus.OK, None, None
+        try:
+            async with asyncio.timeout(timeout):
+                output = await tool.handler(ctx, args)
+        except TimeoutError:
+            status, reason = ObservationStatus.TIMEOUT, f"timed out after {timeout:g}s"
+        except Exception as exc:  # a tool's failure is an observation, not a crash
+            status, reason = ObservationStatus.ERROR, f"{type(exc).__name__}: {exc}"
+            log.debug("tool %s failed", name, exc_info=True)
+        if status is not ObservationStatus.OK:
+            obs = Observation(
+                tool=name,
+                action_type=action_type,
+                status=status,
+                summary=f"{status.value.lower()}: {reason}",
+            )
+            return obs, reason
+        bounded, text, truncated = _bound(output, self.settings.tool_output_chars)
+        obs = Observation(
+            tool=name,
+            action_type=action_type,
+            status=ObservationStatus.OK,
+            summary=text,
+            output=bounded,
+            truncated=truncated,
+        )
+        for hook in self.hooks:
+            obs = await hook.after(ctx, tool, obs)
+        return obs, None

@@ -1,0 +1,119 @@
+"""Tools, their registry, and the action classifier."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from cortex_ray._types import ActionType, Agent, AgentMode, Principal, ToolSpec, utcnow
+
+if TYPE_CHECKING:
+    from cortex_ray.memory import MemoryService
+
+__all__ = ["ActionClassifier", "Tool", "ToolContext", "ToolHandler", "ToolRegistry"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a tool handler may use: who calls, for which agent and step, and the services."""
+
+    org_id: str
+    agent: Agent
+    principal: Principal
+    mode: AgentMode
+    run_id: UUID | None = None
+    session_id: UUID | None = None
+    step_index: int | None = None
+    memory: MemoryService | None = None
+    clock: Callable[[], datetime] = utcnow
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """(run id, step index): the key a side-effecting tool uses to never act twice."""
+        if self.run_id is None or self.step_index is None:
+            return None
+        return f"{self.run_id}:{self.step_index}"
+
+
+ToolHandler = Callable[[ToolContext, dict[str, Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A callable action. ``parameters`` is the JSON schema its arguments are validated against.
+
+    ``action_type`` overrides the classifier for this tool; ``None`` lets the classifier decide.
+    """
+
+    name: str
+    description: str
+    handler: ToolHandler
+    parameters: Mapping[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}, "additionalProperties": False}
+    )
+    action_type: ActionType | None = None
+    timeout_s: float | None = None
+    idempotent: bool = False
+
+
+class ActionClassifier:
+    """Maps tools to CoALA action types: per-tool override, then by name, then GROUNDING.
+
+    REASONING holds no built-in tool: reasoning happens inside the model call that decides.
+    Reading the clock is GROUNDING (it observes the outside world).
+    """
+
+    BUILTIN: Mapping[str, ActionType] = {
+        "memory_search": ActionType.RETRIEVAL,
+        "knowledge_search": ActionType.RETRIEVAL,
+        "remember_fact": ActionType.LEARNING,
+        "propose_procedural_edit": ActionType.LEARNING,
+        "current_time": ActionType.GROUNDING,
+        "reply": ActionType.GROUNDING,
+    }
+
+    def __init__(self, overrides: Mapping[str, ActionType] | None = None) -> None:
+        self._by_name = {**self.BUILTIN, **(overrides or {})}
+
+    def classify(self, tool: Tool | str) -> ActionType:
+        if isinstance(tool, Tool):
+            if tool.action_type is not None:
+                return tool.action_type
+            name = tool.name
+        else:
+            name = tool
+        return self._by_name.get(name, ActionType.GROUNDING)
+
+
+class ToolRegistry:
+    """The tools this runtime knows, by name."""
+
+    def __init__(
+        self, tools: Iterable[Tool] = (), classifier: ActionClassifier | None = None
+    ) -> None:
+        self.classifier = classifier or ActionClassifier()
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool) -> None:
+        if not tool.name.isidentifier():
+            raise ValueError(f"tool names must be identifiers: {tool.name!r}")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def spec(self, tool: Tool) -> ToolSpec:
+        return ToolSpec(
+            name=tool.name,
+            description=tool.description,
+            parameters=dict(tool.parameters),
+            action_type=self.classifier.classify(tool),
+        )

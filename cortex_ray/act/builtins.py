@@ -1,0 +1,150 @@
+"""Built-in tools: memory search (RETRIEVAL), remember a fact and propose a procedural edit
+(LEARNING), the clock and the reply to a person (GROUNDING; dialogue is a grounding action)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cortex_ray._exceptions import ConfigurationError
+from cortex_ray._types import MemoryKind
+from cortex_ray.act._tools import Tool, ToolContext
+
+__all__ = ["BUILTIN_TOOL_NAMES", "builtin_tools"]
+
+
+def _memory(ctx: ToolContext) -> Any:
+    if ctx.memory is None:
+        raise ConfigurationError("this runtime has no memory service")
+    return ctx.memory
+
+
+async def _current_time(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    now = ctx.clock()
+    return {"utc": now.isoformat(timespec="seconds"), "weekday": now.strftime("%A")}
+
+
+async def _reply(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    # Delivery is the runtime's job (the reply joins the conversation in the same
+    # transaction as the turn's records); the gate still checks, audits and logs it.
+    return {"delivered": True, "message": args["message"]}
+
+
+async def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> list[dict[str, Any]]:
+    hits = await _memory(ctx).recall(
+        org_id=ctx.org_id, agent_id=ctx.agent.id, query=args["query"], k=args.get("k", 5)
+    )
+    return [
+        {
+            "kind": h.memory.kind.value,
+            "content": h.memory.content,
+            "subject": h.memory.subject,
+            "recorded_at": h.memory.recorded_at.isoformat(timespec="seconds"),
+            "score": round(h.score, 3),
+        }
+        for h in hits
+    ]
+
+
+async def _remember_fact(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    record = await _memory(ctx).write(
+        org_id=ctx.org_id,
+        agent_id=ctx.agent.id,
+        kind=MemoryKind.SEMANTIC,
+        content=args["fact"],
+        subject=" ".join(args["subject"].lower().split()),
+        run_id=None,
+        session_id=ctx.session_id,
+        metadata={"source": "remember_fact", "principal": ctx.principal.id},
+    )
+    return {"remembered": True, "id": str(record.id), "subject": record.subject}
+
+
+async def _propose_procedural_edit(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    value: str | list[str] = args["value"]
+    if args["field"] == "skills":
+        value = [s.strip() for s in str(args["value"]).split("\n") if s.strip()]
+    proposal = await _memory(ctx).propose_edit(
+        org_id=ctx.org_id,
+        agent_id=ctx.agent.id,
+        field=args["field"],
+        value=value,
+        rationale=args.get("rationale", ""),
+        proposed_by=ctx.principal,
+    )
+    return {
+        "proposal_id": str(proposal.id),
+        "status": proposal.status.value,
+        "note": "takes effect only when a person approves it",
+    }
+
+
+def builtin_tools() -> list[Tool]:
+    """The built-in tools; categories come from the ``ActionClassifier`` by name."""
+    return [
+        Tool(
+            name="current_time",
+            description="Read the current date and time (UTC).",
+            handler=_current_time,
+            idempotent=True,
+        ),
+        Tool(
+            name="reply",
+            description="Say something to the person you are talking with.",
+            handler=_reply,
+            parameters={
+                "type": "object",
+                "properties": {"message": {"type": "string", "minLength": 1, "maxLength": 8000}},
+                "required": ["message"],
+                "additionalProperties": False,
+            },
+        ),
+        Tool(
+            name="memory_search",
+            description="Search your long-term memory (past steps, conversations, facts).",
+            handler=_memory_search,
+            parameters={
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "minLength": 1, "maxLength": 2000},
+                    "k": {"type": "integer", "minimum": 1, "maximum": 20},
+                },
+                "required": ["query"],
+                "additionalProperties": False,
+            },
+            idempotent=True,
+        ),
+        Tool(
+            name="remember_fact",
+            description="Store a fact about the world or a person; a newer fact about the "
+            "same subject replaces the older one.",
+            handler=_remember_fact,
+            parameters={
+                "type": "object",
+                "properties": {
+                    "subject": {"type": "string", "minLength": 1, "maxLength": 200},
+                    "fact": {"type": "string", "minLength": 1, "maxLength": 4000},
+                },
+                "required": ["subject", "fact"],
+                "additionalProperties": False,
+            },
+        ),
+        Tool(
+            name="propose_procedural_edit",
+            description="Propose a change to your own persona or skills (one skill per line); "
+            "a person must approve it before it takes effect.",
+            handler=_propose_procedural_edit,
+            parameters={
+                "type": "object",
+                "properties": {
+                    "field": {"type": "string", "enum": ["persona", "skills"]},
+                    "value": {"type": "string", "minLength": 1, "maxLength": 8000},
+                    "rationale": {"type": "string", "maxLength": 2000},
+                },
+                "required": ["field", "value"],
+                "additionalProperties": False,
+            },
+        ),
+    ]
+
+
+BUILTIN_TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in builtin_tools())

@@ -1,0 +1,261 @@
+"""The autonomous planner: PROPOSE up to K candidates, EVALUATE each, SELECT the argmax.
+
+- Proposals come from one structured call whose schema admits only the agent's tools with
+  their own argument schemas, or a finish; where the backend constrains decoding (llama.cpp
+  grammars, vLLM guided decoding) the model cannot name an unknown tool.
+- Every candidate is validated again here (unconstrained backends can still produce
+  anything); invalid ones are recorded, never selected. If none is valid after the bounded
+  retries, the run ends safely (FAILED, recorded, nothing executed).
+- Scores come from a second structured call. With one valid candidate the scoring call is
+  skipped (its score would not change the choice). If scoring fails after its retries, the
+  planner's own order is kept. Ties go to the earlier proposal.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import jsonschema
+from opentelemetry import trace
+
+from cortex_ray._exceptions import ModelError
+from cortex_ray._settings import Settings
+from cortex_ray._types import (
+    AgentAction,
+    Candidate,
+    Decision,
+    DecisionKind,
+    ToolSpec,
+    WorkingMemory,
+)
+from cortex_ray.models import ModelClient, structured_call
+from cortex_ray.perceive import PromptComposer
+
+__all__ = ["NO_MODEL_REASON", "AutonomousDriver"]
+
+log = logging.getLogger("cortex_ray.decide")
+tracer = trace.get_tracer("cortex_ray")
+
+NO_MODEL_REASON = (
+    "no model configured: set CORTEX_MODEL_BACKEND=local (packaged SmolLM2) or "
+    "CORTEX_MODEL_BACKEND=openai with CORTEX_MODEL_URL"
+)
+
+
+def proposal_schema(tools: tuple[ToolSpec, ...], k: int) -> dict[str, Any]:
+    options: list[dict[str, Any]] = [
+        {
+            "type": "object",
+            "properties": {
+                "tool": {"const": t.name},
+                "args": t.parameters,
+                "rationale": {"type": "string"},
+            },
+            "required": ["tool", "args", "rationale"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    options.append(
+        {
+            "type": "object",
+            "properties": {
+                "finish": {"const": True},
+                "message": {"type": "string"},
+                "rationale": {"type": "string"},
+            },
+            "required": ["finish", "message", "rationale"],
+            "additionalProperties": False,
+        }
+    )
+    return {
+        "type": "object",
+        "properties": {
+            "candidates": {
+                "type": "array",
+                "items": {"anyOf": options},
+                "minItems": 1,
+                "maxItems": k,
+            }
+        },
+        "required": ["candidates"],
+        "additionalProperties": False,
+    }
+
+
+def score_schema(n: int) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "scores": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": {"type": "integer", "minimum": 0, "maximum": max(n - 1, 0)},
+                        "score": {"type": "number", "minimum": 0, "maximum": 10},
+                    },
+                    "required": ["index", "score"],
+                    "additionalProperties": False,
+                },
+                "minItems": n,
+                "maxItems": n,
+            }
+        },
+        "required": ["scores"],
+        "additionalProperties": False,
+    }
+
+
+def parse_candidates(raw: Any, tools: tuple[ToolSpec, ...], k: int) -> list[Candidate]:
+    """Shape-check the proposal and validate each candidate; raise if none is usable."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("candidates"), list):
+        raise ValueError('expected {"candidates": [...]}')
+    by_name = {t.name: t for t in tools}
+    out: list[Candidate] = []
+    for i, item in enumerate(raw["candidates"][:k]):
+        if not isinstance(item, dict):
+            out.append(Candidate(index=i, kind="tool", valid=False, invalid_reason="not an object"))
+            continue
+        rationale = str(item.get("rationale", ""))
+        if item.get("finish") is True or ("message" in item and "tool" not in item):
+            message = item.get("message")
+            ok = isinstance(message, str) and bool(message.strip())
+            out.append(
+                Candidate(
+                    index=i,
+                    kind="finish",
+                    message=message if isinstance(message, str) else None,
+                    rationale=rationale,
+                    valid=ok,
+                    invalid_reason=None if ok else "finish without a message",
+                )
+            )
+            continue
+        name = item.get("tool")
+        args = item.get("args", {})
+        reason = None
+        if not isinstance(name, str) or name not in by_name:
+            reason = f"unknown tool {name!r}"
+        elif not isinstance(args, dict):
+            reason = "invalid arguments: not an object"
+        else:
+            error = next(
+                iter(jsonschema.Draft202012Validator(by_name[name].parameters).iter_errors(args)),
+                None,
+            )
+            if error is not None:
+                reason = f"invalid arguments: {error.message}"
+        out.append(
+            Candidate(
+                index=i,
+                kind="tool",
+                tool=name if isinstance(name, str) else None,
+                args=args if isinstance(args, dict) else {},
+                rationale=rationale,
+                valid=reason is None,
+                invalid_reason=reason,
+            )
+        )
+    if not any(c.valid for c in out):
+        reasons = "; ".join(c.invalid_reason or "" for c in out) or "no candidates"
+        raise ValueError(f"no valid candidate ({reasons})")
+    return out
+
+
+def parse_scores(raw: Any, valid: list[Candidate]) -> dict[int, float]:
+    if not isinstance(raw, dict) or not isinstance(raw.get("scores"), list):
+        raise ValueError('expected {"scores": [...]}')
+    scores: dict[int, float] = {}
+    for item in raw["scores"]:
+        if isinstance(item, dict) and isinstance(item.get("index"), int):
+            value = item.get("score")
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                scores[item["index"]] = max(0.0, min(10.0, float(value)))
+    missing = [c.index for c in valid if c.index not in scores]
+    if missing:
+        raise ValueError(f"no score for candidates {missing}")
+    return scores
+
+
+class AutonomousDriver:
+    """DECIDE for autonomous agents (see the module docstring)."""
+
+    def __init__(
+        self, model: ModelClient | None, composer: PromptComposer, settings: Settings
+    ) -> None:
+        self.model = model
+        self.composer = composer
+        self.settings = settings
+
+    async def decide(self, wm: WorkingMemory) -> Decision:
+        if self.model is None:
+            return Decision(kind=DecisionKind.FINISH, failed=True, reason=NO_MODEL_REASON)
+        k = self.settings.candidates
+        tools = wm.action_space
+        with tracer.start_as_current_span("cortex.decide.propose", attributes={"cortex.k": k}):
+            try:
+                candidates = await structured_call(
+                    self.model,
+                    self.composer.render_proposal(wm, k),
+                    schema=proposal_schema(tools, k),
+                    validate=lambda raw: parse_candidates(raw, tools, k),
+                    schema_name="proposals",
+                    retries=self.settings.structured_retries,
+                )
+            except ModelError as exc:
+                return Decision(
+                    kind=DecisionKind.FINISH,
+                    failed=True,
+                    reason=f"the planner produced no valid candidate: {exc}",
+                )
+        valid = [c for c in candidates if c.valid]
+        note = ""
+        if len(valid) > 1:
+            with tracer.start_as_current_span("cortex.decide.evaluate"):
+                try:
+                    scores = await structured_call(
+                        self.model,
+                        self.composer.render_evaluation(wm, valid),
+                        schema=score_schema(len(candidates)),
+                        validate=lambda raw: parse_scores(raw, valid),
+                        schema_name="scores",
+                        retries=self.settings.structured_retries,
+                    )
+                except ModelError as exc:
+                    log.warning("evaluation failed, keeping the planner's order: %s", exc)
+                    scores = {c.index: float(len(valid) - n) for n, c in enumerate(valid)}
+                    note = "evaluation failed; kept the planner's order"
+        else:
+            scores = {valid[0].index: 10.0}
+            note = "single valid candidate; not scored"
+        candidates = [
+            c.model_copy(update={"score": scores.get(c.index)}) if c.valid else c
+            for c in candidates
+        ]
+        # argmax; ties go to the earlier proposal (max keeps the first maximum).
+        chosen = max((c for c in candidates if c.valid), key=lambda c: c.score or 0.0)
+        reason = note or f"argmax score {chosen.score:g}"
+        if chosen.kind == "finish":
+            return Decision(
+                kind=DecisionKind.FINISH,
+                message=chosen.message,
+                candidates=tuple(candidates),
+                selected=chosen.index,
+                reason=reason,
+            )
+        assert chosen.tool is not None
+        action_type = next(t.action_type for t in tools if t.name == chosen.tool)
+        return Decision(
+            kind=DecisionKind.ACT,
+            action=AgentAction(
+                tool=chosen.tool,
+                args=chosen.args,
+                action_type=action_type,
+                rationale=chosen.rationale,
+            ),
+            candidates=tuple(candidates),
+            selected=chosen.index,
+            reason=reason,
+        )

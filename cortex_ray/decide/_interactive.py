@@ -1,0 +1,80 @@
+"""The interactive driver: the chat model proposes and selects one action in-turn.
+
+The model gets the action space as OpenAI tools; a tool call becomes an ACT decision, plain
+content a REPLY (a dialogue action the runtime sends through the same invocation gate).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from opentelemetry import trace
+
+from cortex_ray._settings import Settings
+from cortex_ray._types import AgentAction, Decision, DecisionKind, WorkingMemory
+from cortex_ray.models import ChatRequest, ModelClient
+from cortex_ray.perceive import PromptComposer
+
+__all__ = ["InteractiveDriver"]
+
+tracer = trace.get_tracer("cortex_ray")
+
+
+class InteractiveDriver:
+    """DECIDE for interactive agents: adapts the model's in-turn choice to a ``Decision``."""
+
+    def __init__(
+        self, model: ModelClient | None, composer: PromptComposer, settings: Settings
+    ) -> None:
+        self.model = model
+        self.composer = composer
+        self.settings = settings
+
+    async def decide(self, wm: WorkingMemory, *, allow_tools: bool = True) -> Decision:
+        if self.model is None:
+            from cortex_ray.decide._autonomous import NO_MODEL_REASON
+
+            return Decision(kind=DecisionKind.REPLY, failed=True, reason=NO_MODEL_REASON)
+        tools = [t for t in wm.action_space if t.name != "reply"] if allow_tools else []
+        request = ChatRequest(
+            messages=tuple(self.composer.render(wm)),
+            tools=tuple(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                }
+                for t in tools
+            ),
+        )
+        with tracer.start_as_current_span("cortex.decide.interactive"):
+            response = await self.model.chat(request)
+        if response.tool_calls:
+            call = response.tool_calls[0]
+            args: Any
+            try:
+                args = json.loads(call.arguments or "{}")
+            except json.JSONDecodeError:
+                args = {"_unparsed": call.arguments}
+            action_type = next(
+                (t.action_type for t in wm.action_space if t.name == call.name), None
+            )
+            return Decision(
+                kind=DecisionKind.ACT,
+                action=AgentAction(
+                    tool=call.name,
+                    args=args if isinstance(args, dict) else {"_unparsed": call.arguments},
+                    **({"action_type": action_type} if action_type else {}),
+                ),
+                reason="tool call chosen by the chat model",
+            )
+        text = (response.content or "").strip()
+        if not text:
+            return Decision(kind=DecisionKind.REPLY, failed=True, reason="the model said nothing")
+        return Decision(
+            kind=DecisionKind.REPLY, message=text, reason="reply chosen by the chat model"
+        )

@@ -1,0 +1,33 @@
+"""Model clients (chat completions) and embedders."""
+
+from cortex_ray.models._protocol import (
+    ChatMessage,
+    ChatRequest,
+    ChatResponse,
+    ModelClient,
+    ToolCall,
+    Usage,
+)
+from cortex_ray.models._structured import structured_call
+from cortex_ray.models.embeddings import (
+    Embedder,
+    HashEmbedder,
+    SentenceTransformerEmbedder,
+    packaged_minilm_path,
+)
+from cortex_ray.models.scripted import ScriptedModelClient
+
+__all__ = [
+    "ChatMessage",
+    "ChatRequest",
+    "ChatResponse",
+    "Embedder",
+    "HashEmbedder",
+    "ModelClient",
+    "ScriptedModelClient",
+    "SentenceTransformerEmbedder",
+    "ToolCall",
+    "Usage",
+    "packaged_minilm_path",
+    "structured_call",
+]

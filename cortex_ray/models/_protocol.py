@@ -1,0 +1,92 @@
+"""The model-client seam: the OpenAI chat-completions protocol, typed.
+
+Every backend (an OpenAI-compatible server such as vLLM, Ray Serve LLM or llama.cpp's
+server; the in-process llama.cpp backend; the scripted test double) implements
+``ModelClient``, so drivers never know which one they talk to.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ChatMessage", "ChatRequest", "ChatResponse", "ModelClient", "ToolCall", "Usage"]
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: str = Field(description="JSON text, exactly as the model produced it")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class ChatRequest(BaseModel):
+    """One chat-completions call. ``tools`` are OpenAI function definitions."""
+
+    model_config = ConfigDict(frozen=True)
+
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[dict[str, Any], ...] = ()
+    response_schema: dict[str, Any] | None = None
+    schema_name: str = "output"
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class ChatResponse(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str | None = None
+    usage: Usage = Usage()
+
+
+@runtime_checkable
+class ModelClient(Protocol):
+    """A chat model reached through the OpenAI chat-completions protocol."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def supports_json_schema(self) -> bool:
+        """True when ``response_schema`` constrains decoding (not just asks nicely)."""
+        ...
+
+    async def chat(self, request: ChatRequest) -> ChatResponse: ...
+
+    async def aclose(self) -> None: ...

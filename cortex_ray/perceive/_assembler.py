@@ -1,0 +1,80 @@
+"""PERCEIVE: read long-term memory once, then build the typed working memory."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+
+from cortex_ray._types import Agent, AgentMode, Observation, Principal, Turn, WorkingMemory
+from cortex_ray.act import ToolDispatcher
+
+if TYPE_CHECKING:
+    from cortex_ray.memory import MemoryService
+
+__all__ = ["WorkingMemoryAssembler"]
+
+tracer = trace.get_tracer("cortex_ray")
+
+
+class WorkingMemoryAssembler:
+    """Builds ``WorkingMemory`` for one cycle from ONE read of long-term memory."""
+
+    def __init__(self, memory: MemoryService, dispatcher: ToolDispatcher, *, recall_k: int) -> None:
+        self.memory = memory
+        self.dispatcher = dispatcher
+        self.recall_k = recall_k
+
+    @staticmethod
+    def recall_query(
+        objective: str, observations: Sequence[Observation], conversation: Sequence[Turn]
+    ) -> str:
+        """What to recall by: the objective plus the freshest context."""
+        parts = [objective]
+        if observations:
+            parts.append(observations[-1].summary[:500])
+        elif conversation:
+            parts.extend(t.content[:300] for t in conversation[-2:])
+        return "\n".join(parts)
+
+    async def assemble(
+        self,
+        *,
+        agent: Agent,
+        mode: AgentMode,
+        objective: str,
+        caller: Principal | None = None,
+        observations: Sequence[Observation] = (),
+        conversation: Sequence[Turn] = (),
+        step_index: int = 0,
+        max_steps: int | None = None,
+    ) -> WorkingMemory:
+        with tracer.start_as_current_span(
+            "cortex.perceive", attributes={"cortex.mode": mode.value, "cortex.step": step_index}
+        ):
+            snapshot = await self.memory.snapshot(
+                org_id=agent.org_id,
+                agent_id=agent.id,
+                query=self.recall_query(objective, observations, conversation),
+                k=self.recall_k,
+            )
+            return WorkingMemory(
+                mode=mode,
+                agent_name=agent.name,
+                persona=agent.persona,
+                skills=agent.skills,
+                objective=objective,
+                snapshot=snapshot,
+                action_space=tuple(
+                    spec
+                    for spec in self.dispatcher.action_space(agent, caller, mode)
+                    # An autonomous run has no person to reply to: its dialogue is the
+                    # finish message.
+                    if not (mode is AgentMode.AUTONOMOUS and spec.name == "reply")
+                ),
+                observations=tuple(observations),
+                conversation=tuple(conversation),
+                step_index=step_index,
+                max_steps=max_steps,
+            )

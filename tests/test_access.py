@@ -1,0 +1,99 @@
+"""AccessControlService: autonomous → agent grant; interactive → agent ∩ caller;
+no policy → deny."""
+
+from __future__ import annotations
+
+import pytest
+
+from cortex_ray import ActionType, Agent, AgentMode, Grant, Principal, PrincipalKind
+from cortex_ray.access import AccessControlService
+
+ACCESS = AccessControlService()
+TOOLS = ("memory_search", "remember_fact", "current_time", "reply")
+
+
+def make_agent(grant: Grant | None, mode: AgentMode = AgentMode.AUTONOMOUS) -> Agent:
+    return Agent(org_id="acme", name="a", mode=mode, tools=TOOLS, grant=grant)
+
+
+def user(grant: Grant | None, org: str = "acme", admin: bool = False) -> Principal:
+    return Principal(id="u1", org_id=org, kind=PrincipalKind.USER, grant=grant, is_admin=admin)
+
+
+def test_autonomous_uses_the_agents_own_grant() -> None:
+    agent = make_agent(Grant(tools=frozenset({"current_time"})))
+    assert ACCESS.decide(agent, None, "current_time", ActionType.GROUNDING).allowed
+    denied = ACCESS.decide(agent, None, "remember_fact", ActionType.LEARNING)
+    assert not denied.allowed and "not granted" in denied.reason
+
+
+def test_autonomous_ignores_the_caller_even_an_admin() -> None:
+    agent = make_agent(Grant(tools=frozenset({"current_time"})))
+    admin = user(Grant(tools=frozenset({"*"})), admin=True)
+    assert not ACCESS.decide(agent, admin, "remember_fact", ActionType.LEARNING).allowed
+
+
+def test_autonomous_runs_as_a_non_admin_agent_principal() -> None:
+    agent = make_agent(Grant(tools=frozenset({"*"})))
+    principal = ACCESS.principal_for(agent, user(None, admin=True), AgentMode.AUTONOMOUS)
+    assert principal.kind is PrincipalKind.AGENT
+    assert not principal.is_admin
+    assert principal.id == f"agent:{agent.id}"
+
+
+@pytest.mark.parametrize("grant", [None])
+def test_no_policy_denies(grant: Grant | None) -> None:
+    agent = make_agent(grant)
+    decision = ACCESS.decide(agent, None, "current_time", ActionType.GROUNDING)
+    assert not decision.allowed and "no access policy" in decision.reason
+
+
+def test_interactive_is_the_intersection() -> None:
+    agent = make_agent(
+        Grant(tools=frozenset({"current_time", "memory_search"})), AgentMode.INTERACTIVE
+    )
+    caller = user(Grant(tools=frozenset({"memory_search", "remember_fact"})))
+    allowed = {
+        t
+        for t, kind in [
+            ("current_time", ActionType.GROUNDING),
+            ("memory_search", ActionType.RETRIEVAL),
+            ("remember_fact", ActionType.LEARNING),
+        ]
+        if ACCESS.decide(agent, caller, t, kind).allowed
+    }
+    # The agent could read the clock, but this caller may not make it; the caller could
+    # remember facts, but the agent may not.
+    assert allowed == {"memory_search"}
+
+
+def test_interactive_caller_without_policy_is_denied() -> None:
+    agent = make_agent(Grant(tools=frozenset({"*"})), AgentMode.INTERACTIVE)
+    assert not ACCESS.decide(agent, user(None), "current_time", ActionType.GROUNDING).allowed
+    assert not ACCESS.decide(agent, None, "current_time", ActionType.GROUNDING).allowed
+
+
+def test_grant_by_action_type() -> None:
+    agent = make_agent(Grant(action_types=frozenset({ActionType.RETRIEVAL})))
+    assert ACCESS.decide(agent, None, "memory_search", ActionType.RETRIEVAL).allowed
+    assert not ACCESS.decide(agent, None, "current_time", ActionType.GROUNDING).allowed
+
+
+def test_caller_from_another_organisation_is_denied() -> None:
+    agent = make_agent(Grant(tools=frozenset({"*"})), AgentMode.INTERACTIVE)
+    stranger = user(Grant(tools=frozenset({"*"})), org="other")
+    decision = ACCESS.decide(agent, stranger, "current_time", ActionType.GROUNDING)
+    assert not decision.allowed and "another organisation" in decision.reason
+
+
+def test_tool_outside_the_agents_tool_set_is_denied_even_with_wildcard() -> None:
+    agent = make_agent(Grant(tools=frozenset({"*"})))
+    assert not ACCESS.decide(agent, None, "delete_everything", ActionType.GROUNDING).allowed
+
+
+def test_another_agent_cannot_drive_this_agent_interactively() -> None:
+    agent = make_agent(Grant(tools=frozenset({"*"})), AgentMode.INTERACTIVE)
+    other = Principal(
+        id="agent:x", org_id="acme", kind=PrincipalKind.AGENT, grant=Grant(tools=frozenset({"*"}))
+    )
+    assert not ACCESS.decide(agent, other, "current_time", ActionType.GROUNDING).allowed
