@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx2 as httpx
 import openai
 
 from cortex_ray._exceptions import ModelError
@@ -27,9 +28,14 @@ class OpenAICompatibleClient:
         supports_json_schema: bool = True,
         default_temperature: float = 0.0,
         default_max_tokens: int = 512,
+        http_client: httpx.AsyncClient | None = None,
     ) -> None:
         self._client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=2
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout_s,
+            max_retries=2,
+            http_client=http_client,
         )
         self._model = model
         self._supports_json_schema = supports_json_schema

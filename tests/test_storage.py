@@ -1,0 +1,87 @@
+"""The embedded PostgreSQL, a configured DSN, and versioned migrations."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cortex_ray import Settings, StorageError
+from cortex_ray.storage import Database, migrate
+
+
+async def test_the_embedded_server_has_pgvector_and_the_schema_at_head(db: Database) -> None:
+    async with db.transaction() as conn:
+        cur = await conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+        row = await cur.fetchone()
+        assert row is not None and row["extversion"].startswith("0.8")
+        cur = await conn.execute("SELECT version_num FROM alembic_version")
+        assert (await cur.fetchone()) == {"version_num": "0001"}
+        cur = await conn.execute("SHOW hnsw.iterative_scan")
+        assert (await cur.fetchone()) == {"hnsw.iterative_scan": "relaxed_order"}
+        cur = await conn.execute("SHOW server_version_num")
+        row = await cur.fetchone()
+        assert row is not None and int(row["server_version_num"]) >= 180000
+
+
+async def test_migrations_are_idempotent(db: Database) -> None:
+    migrate(db.dsn)  # already at head: a no-op, not an error
+    async with db.transaction() as conn:
+        cur = await conn.execute("SELECT count(*) AS n FROM alembic_version")
+        assert (await cur.fetchone()) == {"n": 1}
+
+
+async def test_a_configured_dsn_is_used_instead_of_starting_a_server(
+    db: Database, data_dir: Path
+) -> None:
+    other_dir = Path(tempfile.mkdtemp(prefix="cortex-ray-unused-", dir="/tmp"))
+    try:
+        configured = await Database.open(Settings(database_url=db.dsn, data_dir=other_dir))
+        try:
+            assert not configured.embedded
+            async with configured.transaction() as conn:
+                cur = await conn.execute("SELECT 1 AS one")
+                assert (await cur.fetchone()) == {"one": 1}
+        finally:
+            await configured.close()
+        assert list(other_dir.iterdir()) == []  # no embedded server was started there
+    finally:
+        shutil.rmtree(other_dir, ignore_errors=True)
+
+
+async def test_an_unreachable_database_is_a_clear_storage_error() -> None:
+    settings = Settings(database_url="postgresql://nobody@127.0.0.1:1/nothing")
+    with pytest.raises(StorageError, match="cannot reach or migrate the database"):
+        await Database.open(settings)
+
+
+async def test_a_second_embedded_database_starts_and_stops_cleanly() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="cortex-ray-own-", dir="/tmp"))
+    try:
+        database = await Database.open(Settings(data_dir=folder))
+        assert database.embedded
+        pid_file = folder / "pg" / "postmaster.pid"
+        assert pid_file.exists()
+        await database.close()
+        assert not pid_file.exists()  # the server stopped with its last handle
+        reopened = await Database.open(Settings(data_dir=folder))  # data survives a restart
+        async with reopened.transaction() as conn:
+            cur = await conn.execute("SELECT version_num FROM alembic_version")
+            assert (await cur.fetchone()) == {"version_num": "0001"}
+        await reopened.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_default_data_dir_keeps_root_out_of_home() -> None:
+    import os
+
+    from cortex_ray._settings import default_data_dir
+
+    path = default_data_dir()
+    if os.geteuid() == 0:
+        assert path == Path("/var/lib/cortex-ray")
+    else:
+        assert str(path).startswith(str(Path.home()))
