@@ -53,12 +53,7 @@ from cortex_ray.act import (
     builtin_tools,
 )
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
-from cortex_ray.memory import (
-    HeuristicImportanceScorer,
-    ImportanceScorer,
-    MemoryService,
-    ModelImportanceScorer,
-)
+from cortex_ray.memory import ImportanceScorer, MemoryService, importance_scorer_for
 from cortex_ray.models import Embedder, HashEmbedder, ModelClient
 from cortex_ray.perceive import PromptComposer, WorkingMemoryAssembler
 from cortex_ray.storage import Database, Store
@@ -168,12 +163,7 @@ class Runtime:
             raise ConfigurationError(f"model must be a ModelClient or None, not {chat_model!r}")
         emb = embedder or build_embedder(settings)
         if importance is None:
-            heuristic = HeuristicImportanceScorer()
-            importance = (
-                ModelImportanceScorer(chat_model, settings.structured_retries, heuristic)
-                if chat_model is not None and settings.importance_scoring == "model"
-                else heuristic
-            )
+            importance = importance_scorer_for(settings, chat_model)
         database = db or await Database.open(settings)
         memory = MemoryService(database, emb, settings, importance)
         return cls(

@@ -59,7 +59,11 @@ class SentenceTransformerEmbedder:
             ) from exc
         source = str(model) if model is not None else str(packaged_minilm_path())
         self._model = SentenceTransformer(source, device=device)
-        dim = self._model.get_sentence_embedding_dimension()
+        # sentence-transformers 6 renamed the method; keep working with 3.x-5.x too.
+        get_dim = getattr(self._model, "get_embedding_dimension", None) or (
+            self._model.get_sentence_embedding_dimension
+        )
+        dim = get_dim()
         if dim is None:
             raise ConfigurationError(f"{source}: the model does not report its dimension")
         self._dim = int(dim)

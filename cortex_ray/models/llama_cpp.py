@@ -178,7 +178,8 @@ class LlamaCppClient:
             kwargs["response_format"] = {"type": "json_object", "schema": grammar_safe(schema)}
         with self._lock:
             try:
-                out = self._llama.create_chat_completion(**kwargs)
+                # Not streamed, so the result is one response dict.
+                out: dict[str, Any] = self._llama.create_chat_completion(**kwargs)  # type: ignore[assignment]
             except (ValueError, RuntimeError) as exc:
                 raise ModelError(f"{self.name}: {exc}") from exc
         choice = out["choices"][0]

