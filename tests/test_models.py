@@ -199,3 +199,33 @@ async def test_local_model_picks_a_tool_or_replies_in_openai_shape(smollm2: Any)
         assert response.content  # a reply, already unwrapped from {"reply": ...}
         assert not response.content.lstrip().startswith('{"reply"')
     assert tool_choice_schema(tools)["anyOf"][1]["properties"]["tool"] == {"const": "current_time"}
+
+
+# embedders -------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+async def test_packaged_minilm_embeds_unit_vectors_on_cpu(minilm: Any) -> None:
+    vectors = await minilm.embed(["a cat sat on the mat", "a kitten rested on a rug", "tax law"])
+    assert vectors.shape == (3, 384)
+    assert all(abs(float((v * v).sum()) - 1.0) < 1e-4 for v in vectors)
+    assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.skipif(
+    not _cuda_available(),
+    reason="no CUDA device (the GPU path is checked by bench/gpu_embedding.py)",
+)
+async def test_embedder_runs_on_cuda_when_there_is_one(minilm: Any) -> None:
+    from cortex_ray.models import SentenceTransformerEmbedder
+
+    gpu = SentenceTransformerEmbedder(device="cuda")
+    assert gpu.device.startswith("cuda")
+    texts = ["the same sentence on two devices"]
+    assert float((await gpu.embed(texts))[0] @ (await minilm.embed(texts))[0]) > 0.999
