@@ -18,6 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from opentelemetry import trace
+from pydantic import ValidationError
 
 from cortex_ray._exceptions import ConfigurationError, InvalidRequestError
 from cortex_ray._settings import Settings
@@ -157,23 +158,37 @@ class Runtime:
         ``model="settings"`` builds the model from settings; pass a client (or ``None``) to
         override. Likewise ``embedder`` and ``importance``.
         """
-        settings = settings or Settings()
-        chat_model = build_model(settings) if model == "settings" else model
-        if isinstance(chat_model, str):
-            raise ConfigurationError(f"model must be a ModelClient or None, not {chat_model!r}")
-        emb = embedder or build_embedder(settings)
-        if importance is None:
-            importance = importance_scorer_for(settings, chat_model)
+        if settings is None:
+            try:
+                settings = Settings()
+            except ValidationError as exc:
+                raise ConfigurationError(f"invalid CORTEX_* setting: {_first_error(exc)}") from exc
+        if isinstance(model, str) and model != "settings":
+            raise ConfigurationError(f"model must be a ModelClient or None, not {model!r}")
+        # The database first: it is the cheapest to fail, and everything opened after it
+        # is closed again if a later step fails.
         database = db or await Database.open(settings)
-        memory = MemoryService(database, emb, settings, importance)
-        return cls(
-            settings=settings,
-            db=database,
-            memory=memory,
-            model=chat_model,
-            tools=tools,
-            hooks=hooks,
-        )
+        chat_model: ModelClient | None = None
+        try:
+            chat_model = build_model(settings) if isinstance(model, str) else model
+            emb = embedder or build_embedder(settings)
+            if importance is None:
+                importance = importance_scorer_for(settings, chat_model)
+            memory = MemoryService(database, emb, settings, importance)
+            return cls(
+                settings=settings,
+                db=database,
+                memory=memory,
+                model=chat_model,
+                tools=tools,
+                hooks=hooks,
+            )
+        except BaseException:
+            if chat_model is not None and model == "settings":
+                await chat_model.aclose()
+            if db is None:
+                await database.close()
+            raise
 
     async def close(self, *, close_db: bool = True) -> None:
         if self.model is not None:
@@ -199,15 +214,18 @@ class Runtime:
         unknown = [t for t in tool_names if self.registry.get(t) is None]
         if unknown:
             raise InvalidRequestError(f"unknown tools: {', '.join(unknown)}")
-        agent = Agent(
-            org_id=org_id,
-            name=name,
-            persona=persona,
-            mode=mode,
-            tools=tool_names,
-            skills=tuple(skills),
-            grant=grant if grant is not None else Grant(tools=frozenset(tool_names)),
-        )
+        try:
+            agent = Agent(
+                org_id=org_id,
+                name=name.strip(),
+                persona=persona,
+                mode=mode,
+                tools=tool_names,
+                skills=tuple(skills),
+                grant=grant if grant is not None else Grant(tools=frozenset(tool_names)),
+            )
+        except ValidationError as exc:
+            raise InvalidRequestError(f"invalid agent: {_first_error(exc)}") from exc
         return await self.store.create_agent(agent)
 
     # autonomous ---------------------------------------------------------------------------
@@ -223,6 +241,18 @@ class Runtime:
         caller_id: str | None = None,
     ) -> TaskRun:
         """Validate and record a new RUNNING task run (nothing is executed yet)."""
+        _, run = await self._start(org_id, agent_ref, goal, max_steps, name, caller_id)
+        return run
+
+    async def _start(
+        self,
+        org_id: str,
+        agent_ref: UUID | str,
+        goal: str,
+        max_steps: int | None,
+        name: str,
+        caller_id: str | None,
+    ) -> tuple[Agent, TaskRun]:
         if not goal or not goal.strip():
             raise InvalidRequestError("the goal is empty")
         steps = self.settings.default_max_steps if max_steps is None else max_steps
@@ -233,6 +263,13 @@ class Runtime:
                 f"max_steps must be between 1 and {self.settings.max_steps_limit}, got {steps}"
             )
         agent = await self.store.get_agent(org_id, agent_ref)
+        if agent.mode is not AgentMode.AUTONOMOUS:
+            # An interactive agent acts for a person (agent grant ∩ caller grant); running
+            # it alone would act with the agent's grant only.
+            raise InvalidRequestError(
+                f"agent {agent.name!r} is {agent.mode.value}; "
+                "set its mode to AUTONOMOUS to run tasks"
+            )
         run = TaskRun(
             org_id=org_id,
             agent_id=agent.id,
@@ -241,7 +278,7 @@ class Runtime:
             max_steps=steps,
             caller_id=caller_id,
         )
-        return await self.store.create_run(run)
+        return agent, await self.store.create_run(run)
 
     async def run_autonomous(
         self,
@@ -255,10 +292,8 @@ class Runtime:
         on_step: StepCallback | None = None,
     ) -> TaskRun:
         """Run an agent autonomously against ``goal`` until it finishes or the budget ends."""
-        run = await self.start_run(
-            org_id, agent_ref, goal, max_steps=max_steps, name=name, caller_id=caller_id
-        )
-        return await self.drive_run(org_id, run.id, on_step=on_step)
+        agent, run = await self._start(org_id, agent_ref, goal, max_steps, name, caller_id)
+        return await self._drive(agent, run, on_step)
 
     async def drive_run(
         self, org_id: str, run_id: UUID, *, on_step: StepCallback | None = None
@@ -268,23 +303,28 @@ class Runtime:
         if run.status is not RunStatus.RUNNING:
             return run
         agent = await self.store.get_agent(org_id, run.agent_id)
-        observations = [s.observation for s in run.steps if s.observation is not None]
+        return await self._drive(agent, run, on_step)
+
+    async def _drive(self, agent: Agent, run: TaskRun, on_step: StepCallback | None) -> TaskRun:
+        steps = list(run.steps)
+        observations = [s.observation for s in steps if s.observation is not None]
         with tracer.start_as_current_span(
-            "cortex.run", attributes={"cortex.run_id": str(run.id), "cortex.org": org_id}
+            "cortex.run", attributes={"cortex.run_id": str(run.id), "cortex.org": run.org_id}
         ):
-            for step_index in range(len(run.steps), run.max_steps):
-                finished = await self._autonomous_step(
+            for step_index in range(len(steps), run.max_steps):
+                step, final = await self._autonomous_step(
                     agent, run, step_index, observations, on_step
                 )
-                if finished:
-                    return await self.store.get_run(org_id, run.id)
-            await self._finish(
+                steps.append(step)
+                if final is not None:
+                    return final.model_copy(update={"steps": tuple(steps)})
+            final = await self._finish(
                 agent,
                 run,
                 RunStatus.FAILED,
                 reason=f"step budget of {run.max_steps} exhausted before the goal was met",
             )
-        return await self.store.get_run(org_id, run.id)
+        return final.model_copy(update={"steps": tuple(steps)})
 
     async def _autonomous_step(
         self,
@@ -293,8 +333,8 @@ class Runtime:
         step_index: int,
         observations: list[Observation],
         on_step: StepCallback | None,
-    ) -> bool:
-        """One cycle; returns True when the run reached a terminal state."""
+    ) -> tuple[Step, TaskRun | None]:
+        """One cycle: its ledger row, and the finished run when it reached a terminal state."""
         with tracer.start_as_current_span("cortex.step", attributes={"cortex.step": step_index}):
             wm = await self.assembler.assemble(  # PERCEIVE
                 agent=agent,
@@ -315,7 +355,7 @@ class Runtime:
                     message=decision.message or decision.reason,
                 )
                 status = RunStatus.FAILED if decision.failed else RunStatus.COMPLETED
-                await self._finish(
+                final = await self._finish(
                     agent,
                     run,
                     status,
@@ -324,7 +364,7 @@ class Runtime:
                     step=step,
                 )
                 await _notify(on_step, step)
-                return True
+                return step, final
 
             assert decision.action is not None
             ctx = InvocationContext(
@@ -366,14 +406,14 @@ class Runtime:
             await _notify(on_step, step)
             if dispatch.refused_as_invalid:
                 # Never executed; end the run safely rather than loop on a broken plan.
-                await self._finish(
+                final = await self._finish(
                     agent,
                     run,
                     RunStatus.FAILED,
                     reason=f"step {step_index + 1}: {observation.summary}",
                 )
-                return True
-            return False
+                return step, final
+            return step, None
 
     async def _finish(
         self,
@@ -384,7 +424,7 @@ class Runtime:
         result: str | None = None,
         reason: str | None = None,
         step: Step | None = None,
-    ) -> None:
+    ) -> TaskRun:
         """Record the terminal state and the run's EPISODIC result in one transaction."""
         outcome = result if status is RunStatus.COMPLETED else reason
         prepared = await self.memory.prepare(
@@ -399,11 +439,19 @@ class Runtime:
         async with self.db.transaction() as conn:
             if step is not None:
                 await self.store.insert_step(conn, run.org_id, step)
-            await self.store.finish_run(
+            finished_at = await self.store.finish_run(
                 conn, run.org_id, run.id, status, result=result, reason=reason
             )
             await self.memory.write_prepared(conn, [prepared])
         log.info("run %s %s: %s", run.id, status.value, outcome)
+        return run.model_copy(
+            update={
+                "status": status,
+                "result": result,
+                "reason": reason,
+                "finished_at": finished_at,
+            }
+        )
 
     # interactive --------------------------------------------------------------------------
 
@@ -533,6 +581,12 @@ class Runtime:
             raise InvalidRequestError("the caller belongs to another organisation")
         ctx = InvocationContext(agent=agent, caller=caller, mode=AgentMode.INTERACTIVE)
         return await self.dispatcher.invoke(ctx, tool, args)
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(p) for p in error.get("loc", ())) or "value"
+    return f"{where}: {error.get('msg', 'invalid')}"
 
 
 async def _notify(callback: StepCallback | None, step: Step) -> None:

@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     local_model_context: int = Field(default=4096, ge=512)
     local_model_threads: int | None = None
     model_temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    model_max_tokens: int = Field(default=512, ge=16)
+    model_max_tokens: int = Field(default=768, ge=16)
     model_timeout_s: float = Field(default=120.0, gt=0)
     structured_retries: int = Field(default=2, ge=0, le=10)
 

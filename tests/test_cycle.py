@@ -48,7 +48,7 @@ def planner(
             assert request.response_schema is not None
             n = request.response_schema["properties"]["scores"]["minItems"]
             values = scores(state["step"]) if scores else [float(10 - i) for i in range(n)]
-            return json.dumps({"scores": [{"index": i, "score": s} for i, s in enumerate(values)]})
+            return json.dumps({"scores": values})
         raise AssertionError(f"unexpected structured call {request.schema_name}")
 
     return respond
@@ -113,6 +113,7 @@ async def test_autonomous_run_completes_with_a_full_ledger(make_runtime, db, org
 
     assert run.status is RunStatus.COMPLETED
     assert run.result == "It is late."
+    assert run == await runtime.store.get_run(org, run.id)  # what we return is what is stored
     assert [s.step_index for s in run.steps] == [0, 1, 2]
     assert [s.decision for s in run.steps] == [
         DecisionKind.ACT,
@@ -157,6 +158,7 @@ async def test_budget_exhausted_fails(make_runtime, org) -> None:
     run = await runtime.run_autonomous(org, agent.name, "never done", max_steps=3)
     assert run.status is RunStatus.FAILED
     assert "step budget of 3 exhausted" in (run.reason or "")
+    assert run == await runtime.store.get_run(org, run.id)
     assert [s.step_index for s in run.steps] == [0, 1, 2]
     assert run.finished_at is not None
 
@@ -460,3 +462,31 @@ async def test_direct_tool_calls_go_through_the_same_gate(make_runtime, db, org)
     ]
     # The refused call never executed: nothing was remembered.
     assert [r for r in await memories(db, org) if r["kind"] == MemoryKind.SEMANTIC.value] == []
+
+
+async def test_interactive_agents_do_not_run_tasks_and_bad_names_are_rejected(
+    make_runtime, org
+) -> None:
+    runtime = await make_runtime(None)
+    chatty = await runtime.create_agent(org, "chatty")  # INTERACTIVE by default
+    with pytest.raises(InvalidRequestError, match="set its mode to AUTONOMOUS"):
+        await runtime.run_autonomous(org, chatty.id, "go")
+    with pytest.raises(InvalidRequestError, match="invalid agent: name"):
+        await runtime.create_agent(org, "   ")
+    with pytest.raises(InvalidRequestError, match="unknown tools: nope"):
+        await runtime.create_agent(org, "x", tools=["nope"])
+    assert await runtime.store.list_runs(org) == []
+
+
+async def test_output_cut_off_at_the_token_limit_is_retried_with_a_clear_reason(
+    make_runtime, org
+) -> None:
+    cut = ChatResponse(
+        content='{"candidates": [{"finish": true, "message": "aaaa', finish_reason="length"
+    )
+    model = ScriptedModelClient([cut, cut])
+    runtime = await make_runtime(model, structured_retries=1)
+    agent = await runtime.create_agent(org, "verbose", mode=AgentMode.AUTONOMOUS)
+    run = await runtime.run_autonomous(org, agent.id, "say a lot")
+    assert run.status is RunStatus.FAILED
+    assert "cut off at the token limit" in (run.reason or "")

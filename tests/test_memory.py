@@ -302,7 +302,7 @@ async def test_snapshot_is_one_statement(db, store, settings, org) -> None:
     # One statement outside a transaction (the pool is in autocommit): one round trip.
     assert (counting.connections, counting.transactions) == (1, 0)
     assert len(counting.statements) == 1
-    assert "UNION ALL" in counting.statements[0] and "<=>" in counting.statements[0]
+    assert "UNION" in counting.statements[0] and "<=>" in counting.statements[0]
     assert snap.query == "beta" and len(snap.recalled) == 2
     assert snap.recalled[0].memory.content == "beta note"
 

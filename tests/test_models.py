@@ -11,7 +11,7 @@ import pytest
 
 from cortex_ray import ModelError, StructuredOutputError
 from cortex_ray.models import ChatMessage, ChatRequest, ScriptedModelClient, structured_call
-from cortex_ray.models.llama_cpp import grammar_safe, tool_choice_schema
+from cortex_ray.models.llama_cpp import GRAMMAR_STRING_CAP, grammar_safe, tool_choice_schema
 from cortex_ray.models.openai_compatible import OpenAICompatibleClient
 
 SCHEMA = {
@@ -52,19 +52,28 @@ async def test_structured_call_gives_up_after_its_budget() -> None:
     assert info.value.attempts == 2 and info.value.last_output == "b"
 
 
-def test_grammar_safe_drops_only_oversized_bounds() -> None:
+def test_grammar_safe_caps_strings_and_drops_oversized_array_bounds() -> None:
     schema = {
         "type": "object",
         "properties": {
             "a": {"type": "string", "maxLength": 2000, "minLength": 1},
             "b": {"type": "string", "maxLength": 20},
-            "c": {"type": "array", "items": {"type": "string", "maxLength": 500}, "maxItems": 3},
+            "c": {"type": "array", "items": {"type": "string"}, "maxItems": 500},
+            "d": {"type": "string", "enum": ["x", "y"]},
         },
     }
     safe = grammar_safe(schema)
-    assert safe["properties"]["a"] == {"type": "string", "minLength": 1}
+    assert safe["properties"]["a"] == {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": GRAMMAR_STRING_CAP,
+    }
     assert safe["properties"]["b"] == {"type": "string", "maxLength": 20}
-    assert safe["properties"]["c"] == {"type": "array", "items": {"type": "string"}, "maxItems": 3}
+    assert safe["properties"]["c"] == {
+        "type": "array",
+        "items": {"type": "string", "maxLength": GRAMMAR_STRING_CAP},
+    }
+    assert safe["properties"]["d"] == {"type": "string", "enum": ["x", "y"]}
     assert schema["properties"]["a"]["maxLength"] == 2000  # the original is untouched
 
 

@@ -43,6 +43,11 @@ NO_MODEL_REASON = (
 )
 
 
+# A rationale is a sentence; bounding it keeps a small model from repeating itself inside
+# the string until the token limit cuts the JSON off.
+RATIONALE_CHARS = 200
+
+
 def proposal_schema(tools: tuple[ToolSpec, ...], k: int) -> dict[str, Any]:
     options: list[dict[str, Any]] = [
         {
@@ -50,7 +55,7 @@ def proposal_schema(tools: tuple[ToolSpec, ...], k: int) -> dict[str, Any]:
             "properties": {
                 "tool": {"const": t.name},
                 "args": t.parameters,
-                "rationale": {"type": "string"},
+                "rationale": {"type": "string", "maxLength": RATIONALE_CHARS},
             },
             "required": ["tool", "args", "rationale"],
             "additionalProperties": False,
@@ -63,7 +68,7 @@ def proposal_schema(tools: tuple[ToolSpec, ...], k: int) -> dict[str, Any]:
             "properties": {
                 "finish": {"const": True},
                 "message": {"type": "string"},
-                "rationale": {"type": "string"},
+                "rationale": {"type": "string", "maxLength": RATIONALE_CHARS},
             },
             "required": ["finish", "message", "rationale"],
             "additionalProperties": False,
@@ -85,20 +90,14 @@ def proposal_schema(tools: tuple[ToolSpec, ...], k: int) -> dict[str, Any]:
 
 
 def score_schema(n: int) -> dict[str, Any]:
+    """One 0-10 score per listed candidate, in the order listed (positional, so that even a
+    grammar-constrained small model cannot score one candidate twice and skip another)."""
     return {
         "type": "object",
         "properties": {
             "scores": {
                 "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": {"type": "integer", "minimum": 0, "maximum": max(n - 1, 0)},
-                        "score": {"type": "number", "minimum": 0, "maximum": 10},
-                    },
-                    "required": ["index", "score"],
-                    "additionalProperties": False,
-                },
+                "items": {"type": "number", "minimum": 0, "maximum": 10},
                 "minItems": n,
                 "maxItems": n,
             }
@@ -164,18 +163,18 @@ def parse_candidates(raw: Any, tools: tuple[ToolSpec, ...], k: int) -> list[Cand
     return out
 
 
-def parse_scores(raw: Any, valid: list[Candidate]) -> dict[int, float]:
+def parse_scores(raw: Any, listed: list[Candidate]) -> dict[int, float]:
+    """Candidate index → score, from scores given in the order ``listed``."""
     if not isinstance(raw, dict) or not isinstance(raw.get("scores"), list):
         raise ValueError('expected {"scores": [...]}')
+    values = raw["scores"]
+    if len(values) != len(listed):
+        raise ValueError(f"expected {len(listed)} scores, one per candidate, got {len(values)}")
     scores: dict[int, float] = {}
-    for item in raw["scores"]:
-        if isinstance(item, dict) and isinstance(item.get("index"), int):
-            value = item.get("score")
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                scores[item["index"]] = max(0.0, min(10.0, float(value)))
-    missing = [c.index for c in valid if c.index not in scores]
-    if missing:
-        raise ValueError(f"no score for candidates {missing}")
+    for candidate, value in zip(listed, values, strict=True):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"score for candidate {candidate.index} is not a number")
+        scores[candidate.index] = max(0.0, min(10.0, float(value)))
     return scores
 
 
@@ -218,7 +217,7 @@ class AutonomousDriver:
                     scores = await structured_call(
                         self.model,
                         self.composer.render_evaluation(wm, valid),
-                        schema=score_schema(len(candidates)),
+                        schema=score_schema(len(valid)),
                         validate=lambda raw: parse_scores(raw, valid),
                         schema_name="scores",
                         retries=self.settings.structured_retries,

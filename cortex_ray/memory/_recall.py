@@ -2,7 +2,8 @@
 
 A recall reads candidates in ONE statement (the nearest rows by cosine distance, through
 the HNSW index, plus the most recently recorded rows, so that a recent but dissimilar
-memory can still win on recency) and ranks them in Python:
+memory can still win on recency) and ranks them in the same statement, so only the ``k``
+winners cross the wire and become Python objects:
 
     score = α·similarity + β·recency + γ·importance
 
@@ -27,9 +28,6 @@ candidates span more than an hour the formula is exactly min-max.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -41,18 +39,32 @@ __all__ = [
     "AS_OF",
     "COLUMNS",
     "LATEST",
-    "Candidate",
-    "candidates_query",
     "memory_from_row",
-    "rank",
+    "recall_query",
+    "scored_from_row",
     "visibility",
 ]
 
 # Every column but the embedding: the ranking needs only the distance, not the vector.
-COLUMNS = sql.SQL(
-    "org_id, id, agent_id, kind, subject, content, importance, valid_from, valid_to, "
-    "recorded_at, superseded_at, superseded_by, run_id, session_id, step_index, metadata"
+_COLUMN_NAMES = (
+    "org_id",
+    "id",
+    "agent_id",
+    "kind",
+    "subject",
+    "content",
+    "importance",
+    "valid_from",
+    "valid_to",
+    "recorded_at",
+    "superseded_at",
+    "superseded_by",
+    "run_id",
+    "session_id",
+    "step_index",
+    "metadata",
 )
+COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMN_NAMES)
 
 LATEST = sql.SQL("valid_to IS NULL")
 
@@ -76,24 +88,60 @@ def visibility(
     return AS_OF, {"valid_at": valid_at, "known_at": known_at}
 
 
-def candidates_query(*, with_kinds: bool, visible: sql.Composable) -> sql.Composed:
-    """Top-N by cosine distance UNION ALL the N most recent rows, in one statement.
+def recall_query(*, with_kinds: bool, visible: sql.Composable) -> sql.Composed:
+    """Candidates (top-N by cosine distance ∪ the N most recent rows) ranked by the score.
 
     The nearest-neighbour branch orders by ``embedding <=> query`` directly so that the
     planner can use the HNSW index; the pool sets ``hnsw.iterative_scan`` so the org,
-    agent and visibility filters do not shrink it below N.
+    agent and visibility filters do not shrink it below N. ``UNION`` de-duplicates a row
+    that is both near and recent. Parameters: org_id, agent_id, query, n, k, now, decay,
+    recency_floor, alpha, beta, gamma (and kinds, valid_at, known_at where used).
     """
     kinds = sql.SQL(" AND kind = ANY(%(kinds)s)") if with_kinds else sql.SQL("")
     where = sql.SQL("org_id = %(org_id)s AND agent_id = %(agent_id)s AND {visible}{kinds}").format(
         visible=visible, kinds=kinds
     )
     return sql.SQL(
-        "(SELECT {cols}, embedding <=> %(query)s AS distance FROM memories WHERE {where} "
-        "ORDER BY embedding <=> %(query)s LIMIT %(n)s) "
-        "UNION ALL "
-        "(SELECT {cols}, embedding <=> %(query)s AS distance FROM memories WHERE {where} "
-        "ORDER BY recorded_at DESC LIMIT %(n)s)"
-    ).format(cols=COLUMNS, where=where)
+        """
+        WITH candidates AS (
+            (SELECT id, recorded_at, importance, embedding <=> %(query)s AS distance
+             FROM memories WHERE {where} ORDER BY embedding <=> %(query)s LIMIT %(n)s)
+            UNION
+            (SELECT id, recorded_at, importance, embedding <=> %(query)s AS distance
+             FROM memories WHERE {where} ORDER BY recorded_at DESC LIMIT %(n)s)
+        ), terms AS (
+            SELECT id, recorded_at,
+                   -- NaN for a zero query vector: it says nothing about similarity
+                   CASE WHEN distance = 'NaN'::float8 THEN 0 ELSE 1 - distance END AS sim,
+                   power(%(decay)s::float8, greatest(0, extract(epoch FROM
+                         (%(now)s::timestamptz - recorded_at))::float8 / 3600.0)) AS rec,
+                   importance::float8 AS imp
+            FROM candidates
+        ), spans AS MATERIALIZED (  -- once, not once per candidate
+            SELECT max(sim) AS hi_s, max(sim) - min(sim) AS span_s,
+                   max(rec) AS hi_r, greatest(max(rec) - min(rec), %(recency_floor)s) AS span_r,
+                   max(imp) AS hi_i, max(imp) - min(imp) AS span_i
+            FROM terms
+        ), normalised AS (
+            SELECT t.id, t.recorded_at,
+                   CASE WHEN span_s <= 1e-12 THEN 1 ELSE 1 - (hi_s - sim) / span_s END AS n_sim,
+                   CASE WHEN span_r <= 1e-12 THEN 1 ELSE 1 - (hi_r - rec) / span_r END AS n_rec,
+                   CASE WHEN span_i <= 1e-12 THEN 1 ELSE 1 - (hi_i - imp) / span_i END AS n_imp
+            FROM terms t CROSS JOIN spans
+        ), top AS (  -- rank and cut before fetching whole rows: only k rows are read
+            SELECT *, %(alpha)s * n_sim + %(beta)s * n_rec + %(gamma)s * n_imp AS score
+            FROM normalised
+            ORDER BY score DESC, recorded_at DESC, id::text
+            LIMIT %(k)s
+        )
+        SELECT {cols}, top.n_sim, top.n_rec, top.n_imp, top.score
+        FROM top JOIN memories m ON m.org_id = %(org_id)s AND m.id = top.id
+        ORDER BY top.score DESC, top.recorded_at DESC, top.id::text
+        """
+    ).format(
+        cols=sql.SQL(", ").join(sql.SQL("m.{}").format(sql.Identifier(c)) for c in _COLUMN_NAMES),
+        where=where,
+    )
 
 
 def memory_from_row(row: dict[str, Any]) -> MemoryRecord:
@@ -118,60 +166,12 @@ def memory_from_row(row: dict[str, Any]) -> MemoryRecord:
     )
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A memory read for ranking, with its cosine distance to the query."""
-
-    memory: MemoryRecord
-    distance: float | None
-
-
-def _normalise(values: Sequence[float], *, min_range: float = 0.0) -> list[float]:
-    lo, hi = min(values), max(values)
-    span = max(hi - lo, min_range)
-    if span <= 1e-12:
-        return [1.0] * len(values)
-    return [1.0 - (hi - v) / span for v in values]
-
-
-def _similarity(distance: float | None) -> float:
-    # pgvector answers NaN for a zero vector (an empty query under the hashing embedder):
-    # such a query says nothing about similarity.
-    if distance is None or math.isnan(distance):
-        return 0.0
-    return 1.0 - distance
-
-
-def rank(
-    candidates: Sequence[Candidate],
-    *,
-    now: datetime,
-    k: int,
-    alpha: float,
-    beta: float,
-    gamma: float,
-    decay_per_hour: float,
-) -> list[ScoredMemory]:
-    """Score, order (score desc, then most recently recorded) and cut to ``k``.
-
-    Candidates are de-duplicated by id first, since a row may be both near and recent.
-    """
-    unique = list({c.memory.id: c for c in candidates}.values())
-    if not unique or k <= 0:
-        return []
-    hours = [max(0.0, (now - c.memory.recorded_at).total_seconds() / 3600.0) for c in unique]
-    similarity = _normalise([_similarity(c.distance) for c in unique])
-    recency = _normalise([decay_per_hour**h for h in hours], min_range=1.0 - decay_per_hour)
-    importance = _normalise([c.memory.importance for c in unique])
-    scored = [
-        ScoredMemory(
-            memory=c.memory,
-            similarity=s,
-            recency=r,
-            importance=i,
-            score=alpha * s + beta * r + gamma * i,
-        )
-        for c, s, r, i in zip(unique, similarity, recency, importance, strict=True)
-    ]
-    scored.sort(key=lambda m: (-m.score, -m.memory.recorded_at.timestamp(), str(m.memory.id)))
-    return scored[:k]
+def scored_from_row(row: dict[str, Any]) -> ScoredMemory:
+    """A ranked row of ``recall_query`` as a ``ScoredMemory``."""
+    return ScoredMemory(
+        memory=memory_from_row(row),
+        similarity=float(row["n_sim"]),
+        recency=float(row["n_rec"]),
+        importance=float(row["n_imp"]),
+        score=float(row["score"]),
+    )

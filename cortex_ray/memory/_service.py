@@ -97,10 +97,9 @@ from cortex_ray.memory._importance import (
 )
 from cortex_ray.memory._recall import (
     COLUMNS,
-    Candidate,
-    candidates_query,
     memory_from_row,
-    rank,
+    recall_query,
+    scored_from_row,
     visibility,
 )
 from cortex_ray.models import Embedder, ModelClient, structured_call
@@ -466,29 +465,28 @@ class MemoryService:
             return []
         embedding = (await self.embedder.embed([query]))[0]
         visible, params = visibility(valid_at, known_at)
-        statement = candidates_query(with_kinds=kinds is not None, visible=visible)
+        statement = recall_query(with_kinds=kinds is not None, visible=visible)
+        decay = self.settings.recency_decay_per_hour
         params |= {
             "org_id": org_id,
             "agent_id": agent_id,
             "query": np.asarray(embedding, dtype=np.float32),
             "n": max(self.settings.recall_candidates, k),
+            "k": k,
+            # Python's clock, not the database's: recency works in hours, where a little
+            # skew between the two does not change the order.
+            "now": utcnow(),
+            "decay": decay,
+            "recency_floor": 1.0 - decay,
+            "alpha": self.settings.recall_alpha,
+            "beta": self.settings.recall_beta,
+            "gamma": self.settings.recall_gamma,
         }
         if kinds is not None:
             params["kinds"] = [MemoryKind(kind).value for kind in kinds]
         async with self.db.connection() as conn:  # one statement: one round trip
             cur = await conn.execute(statement, params)
-            rows = await cur.fetchall()
-        return rank(
-            [Candidate(memory_from_row(row), row["distance"]) for row in rows],
-            # Python's clock, not the database's: recency works in hours, where a little
-            # skew between the two does not change the order.
-            now=utcnow(),
-            k=k,
-            alpha=self.settings.recall_alpha,
-            beta=self.settings.recall_beta,
-            gamma=self.settings.recall_gamma,
-            decay_per_hour=self.settings.recency_decay_per_hour,
-        )
+            return [scored_from_row(row) for row in await cur.fetchall()]
 
     async def snapshot(
         self, *, org_id: str, agent_id: UUID, query: str, k: int | None = None

@@ -71,6 +71,8 @@ async def structured_call(
         response = await client.chat(request)
         last = response.content
         try:
+            if response.finish_reason == "length":
+                raise ValueError("the output was cut off at the token limit; answer shorter")
             return validate(_parse(last))
         except (ValueError, ValidationError, TypeError, KeyError) as exc:
             error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -23,7 +23,13 @@ from typing import Any
 from cortex_ray._exceptions import ConfigurationError, ModelError
 from cortex_ray.models._protocol import ChatRequest, ChatResponse, ToolCall, Usage
 
-__all__ = ["LlamaCppClient", "grammar_safe", "packaged_smollm2_path", "tool_choice_schema"]
+__all__ = [
+    "GRAMMAR_STRING_CAP",
+    "LlamaCppClient",
+    "grammar_safe",
+    "packaged_smollm2_path",
+    "tool_choice_schema",
+]
 
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -43,28 +49,40 @@ def packaged_smollm2_path() -> Path:
     return path
 
 
-# llama.cpp unrolls length bounds into grammar repetitions; large ones make the grammar so
-# big that sampling crashes the process (seen with maxLength 2000 in llama-cpp-python 0.3.36).
-_MAX_GRAMMAR_BOUND = 64
+# llama.cpp unrolls length bounds into grammar repetitions: bounds in the thousands make the
+# grammar so large that sampling crashes the process (seen with maxLength 2000 in
+# llama-cpp-python 0.3.36). Unbounded strings, on the other hand, let a small model repeat
+# itself until max_tokens cuts the JSON off. So every free string is capped at a size the
+# grammar handles, and larger bounds are lowered to it.
+GRAMMAR_STRING_CAP = 300
+_GRAMMAR_ITEMS_CAP = 64
 
 
 def grammar_safe(schema: Any) -> Any:
-    """``schema`` without length bounds too large for a llama.cpp grammar.
+    """``schema`` with string lengths capped at ``GRAMMAR_STRING_CAP`` and oversized array
+    bounds dropped, for a llama.cpp grammar.
 
-    Dropped bounds are still enforced: every caller validates the output against the
-    original schema afterwards (the invocation gate, the planner, structured calls).
+    The original schema is still enforced: every caller validates the output against it
+    afterwards (the invocation gate, the planner, structured calls).
     """
-    if isinstance(schema, dict):
-        out = {}
-        for key, value in schema.items():
-            too_big = isinstance(value, int) and value > _MAX_GRAMMAR_BOUND
-            if key in ("maxLength", "maxItems", "minItems", "minLength") and too_big:
-                continue
-            out[key] = grammar_safe(value)
-        return out
     if isinstance(schema, list):
         return [grammar_safe(v) for v in schema]
-    return schema
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if (
+            key in ("maxItems", "minItems")
+            and isinstance(value, int)
+            and value > _GRAMMAR_ITEMS_CAP
+        ):
+            continue
+        out[key] = grammar_safe(value)
+    if out.get("type") == "string" and "enum" not in out and "const" not in out:
+        out["maxLength"] = min(int(out.get("maxLength", GRAMMAR_STRING_CAP)), GRAMMAR_STRING_CAP)
+        if int(out.get("minLength", 0)) > out["maxLength"]:
+            out.pop("minLength")
+    return out
 
 
 def tool_choice_schema(tools: tuple[dict[str, Any], ...]) -> dict[str, Any]:
@@ -212,5 +230,9 @@ class LlamaCppClient:
     async def chat(self, request: ChatRequest) -> ChatResponse:
         return await asyncio.to_thread(self._complete, request)
 
+    def _close(self) -> None:
+        with self._lock:  # never free the model under a completion running in a thread
+            self._llama.close()
+
     async def aclose(self) -> None:
-        self._llama.close()
+        await asyncio.to_thread(self._close)

@@ -145,6 +145,7 @@ class PromptComposer:
             lines.append(f"{c.index}. {what} (rationale: {c.rationale})")
         ask = (
             "Score each candidate from 0 (useless or harmful) to 10 (best next step toward "
-            "the objective).\nCandidates:\n" + "\n".join(lines)
+            "the objective), one score per candidate in the order listed.\nCandidates:\n"
+            + "\n".join(lines)
         )
         return [*self.render(wm), ChatMessage(role="user", content=ask)]

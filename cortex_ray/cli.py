@@ -1,0 +1,549 @@
+"""The ``cortex-ray`` command line: agents, autonomous runs and their step logs.
+
+Typer parses the command line and rich draws the spinner, the live step lines and the
+tables (see STYLE.md: we do not write CLI parsing or progress bars by hand). Settings come
+from the environment (``CORTEX_*``); every command opens the runtime, does one thing and
+closes it again, which also stops the embedded PostgreSQL when this process started it.
+
+Exit codes: 0 success; 1 a cortex-ray error (not found, storage, configuration, model);
+2 invalid input; 3 a run that ended FAILED; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import warnings
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any, NoReturn
+from uuid import UUID
+
+import pydantic
+import typer
+from rich import box
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.status import Status
+from rich.table import Table
+from rich.text import Text
+
+from cortex_ray._exceptions import (
+    ConfigurationError,
+    CortexError,
+    InvalidRequestError,
+    NotFoundError,
+)
+from cortex_ray._runtime import Runtime
+from cortex_ray._settings import Settings
+from cortex_ray._types import Agent, AgentMode, DecisionKind, RunStatus, Step, TaskRun
+from cortex_ray.models import HashEmbedder
+
+__all__ = ["app", "main"]
+
+DEMO_AGENT = "demo-agent"
+DEMO_PERSONA = (
+    "You are a concise, careful assistant. Use one tool at a time to make progress, "
+    "remember facts worth keeping, and finish with a short answer as soon as the goal is met."
+)
+DEMO_GOAL = (
+    "Find out the current date and time, remember it as a fact, "
+    "and finish with a one-sentence answer."
+)
+
+EXIT_ERROR = 1
+EXIT_INVALID = 2
+EXIT_RUN_FAILED = 3
+EXIT_INTERRUPTED = 130
+
+_out = Console(highlight=False)
+_err = Console(stderr=True, highlight=False)
+
+app = typer.Typer(
+    name="cortex-ray",
+    help="A CoALA agent runtime on PostgreSQL/pgvector. Settings come from CORTEX_* "
+    "environment variables; global options (--org) go before the command.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+agents_app = typer.Typer(help="Create and list agents.", no_args_is_help=True)
+runs_app = typer.Typer(help="Inspect autonomous runs.", no_args_is_help=True)
+app.add_typer(agents_app, name="agents")
+app.add_typer(runs_app, name="runs")
+
+
+class Mode(StrEnum):
+    """The ``--mode`` choices (lower case on the command line)."""
+
+    interactive = "interactive"
+    autonomous = "autonomous"
+
+
+@dataclass(frozen=True)
+class _Options:
+    org: str
+
+
+# plumbing --------------------------------------------------------------------------------
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    """Print one ``error:`` line to stderr and exit with ``code``."""
+    one_line = " ".join(message.split()) or "unknown error"
+    typer.echo(f"error: {one_line}", err=True)
+    raise typer.Exit(code)
+
+
+def _validation_message(exc: pydantic.ValidationError, prefix: str = "") -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{prefix}{where}: {first['msg']}" if where else f"{prefix}{first['msg']}"
+
+
+def _execute(work: Coroutine[Any, Any, int]) -> None:
+    """Run one command's coroutine; turn cortex-ray errors into one line and an exit code."""
+    try:
+        code = asyncio.run(work)
+    except InvalidRequestError as exc:
+        _fail(str(exc), EXIT_INVALID)
+    except CortexError as exc:
+        _fail(str(exc), EXIT_ERROR)
+    except pydantic.ValidationError as exc:
+        # Boundary models (Agent, ...) validate what the user typed, e.g. an empty name.
+        _fail(_validation_message(exc, "invalid input: "), EXIT_INVALID)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    raise typer.Exit(code)
+
+
+def _load_settings() -> Settings:
+    try:
+        return Settings()
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        name = f"CORTEX_{field.upper()}" if field else "settings"
+        raise ConfigurationError(f"invalid setting {name}: {first['msg']}") from exc
+
+
+@asynccontextmanager
+async def _runtime(*, with_models: bool) -> AsyncIterator[Runtime]:
+    """An open runtime, always closed again. Without models it loads neither model file,
+    which keeps the bookkeeping commands fast."""
+    settings = _load_settings()
+    where = "connecting to PostgreSQL" if settings.database_url else "starting PostgreSQL"
+    label = f"{where} and loading models…" if with_models else f"{where}…"
+    with _err.status(label):
+        if with_models:
+            runtime = await Runtime.open(settings)
+        else:
+            runtime = await Runtime.open(
+                settings, model=None, embedder=HashEmbedder(settings.embedding_dim)
+            )
+    try:
+        yield runtime
+    except asyncio.CancelledError:
+        # Ctrl-C: a model call may still be running in its worker thread, and closing the
+        # llama.cpp model under it crashes the process. Close only the database; the model
+        # goes with the process once asyncio.run has waited for that thread.
+        await runtime.db.close()
+        raise
+    except BaseException:
+        await runtime.close()
+        raise
+    else:
+        await runtime.close()
+
+
+def _parse_run_id(value: str) -> UUID:
+    try:
+        return UUID(value)
+    except ValueError:
+        raise InvalidRequestError(f"not a run id: {value!r}") from None
+
+
+def _configure_output(verbose: bool) -> None:
+    """Log through the stderr console (so lines print above the spinner). Unless verbose,
+    keep library chatter (weight-loading bars, deprecation notices) off the terminal."""
+    handler = RichHandler(console=_err, show_path=False, show_time=verbose)
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[handler],
+        force=True,
+    )
+    if verbose:
+        logging.captureWarnings(True)
+    else:
+        # Read when huggingface_hub is first imported, which happens later (model loading).
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+
+
+# formatting ------------------------------------------------------------------------------
+
+
+def _shorten(text: str | None, width: int) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _candidates_text(step: Step) -> str:
+    parts = []
+    for c in step.candidates:
+        label = c.tool if c.kind == "tool" else "finish"
+        score = "invalid" if not c.valid else ("–" if c.score is None else f"{c.score:g}")
+        mark = "*" if c.index == step.selected else ""
+        parts.append(f"{mark}{label}={score}")
+    return ", ".join(parts) or "—"
+
+
+def _step_cells(step: Step) -> tuple[str, str, str, str, str]:
+    """(tool, category, status, observation or message, candidates) for one step."""
+    if step.decision is DecisionKind.ACT and step.action is not None:
+        obs = step.observation
+        category = (step.action_type or step.action.action_type).value
+        return (
+            step.action.tool,
+            category,
+            obs.status.value if obs else "—",
+            obs.summary if obs else "",
+            _candidates_text(step),
+        )
+    return ("—", "—", "—", step.message or "", _candidates_text(step))
+
+
+def _step_line(step: Step, max_steps: int) -> Text:
+    tool, category, status, summary, _ = _step_cells(step)
+    line = Text.assemble((f"step {step.step_index + 1}/{max_steps} ", "bold"), step.decision.value)
+    if step.decision is DecisionKind.ACT:
+        line.append(f" {tool} [{category}] → {status}: ")
+    else:
+        line.append(": ")
+    line.append(_shorten(summary, 100), style="dim")
+    return line
+
+
+def _list_table(title: str) -> Table:
+    """A compact table: lists must stay readable in an 80-column terminal."""
+    return Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False
+    )
+
+
+def _step_table(run: TaskRun) -> Table:
+    table = Table(
+        title=f"steps of run {run.id}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        caption="candidates: tool=score, * marks the selected one",
+        caption_justify="left",
+    )
+    table.add_column("#", justify="right", no_wrap=True)
+    for column in ("decision", "tool", "category", "status"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("observation", ratio=3, overflow="fold")
+    table.add_column("candidates", ratio=2, overflow="fold")
+    for step in run.steps:
+        tool, category, status, summary, candidates = _step_cells(step)
+        table.add_row(
+            str(step.step_index + 1),
+            step.decision.value,
+            tool,
+            category,
+            status,
+            Text(_shorten(summary, 80)),
+            Text(candidates),
+        )
+    return table
+
+
+_STATUS_STYLE = {RunStatus.COMPLETED: "green", RunStatus.FAILED: "red", RunStatus.RUNNING: "yellow"}
+
+
+def _print_run(run: TaskRun, agent_name: str | None = None) -> None:
+    """The step log, then the outcome. Free text is printed as Text (never as markup)."""
+    _out.print(_step_table(run))
+    fields: list[tuple[str, str | None]] = [
+        ("agent", agent_name or str(run.agent_id)),
+        ("goal", run.goal),
+        ("steps", f"{len(run.steps)} of at most {run.max_steps}"),
+        ("result", run.result),
+        ("reason", run.reason),
+        ("run id", str(run.id)),
+    ]
+    status = Text.assemble(
+        ("status: ", "bold"), (run.status.value, f"bold {_STATUS_STYLE[run.status]}")
+    )
+    _out.print(status, soft_wrap=True)
+    for label, value in fields:
+        if value:
+            _out.print(Text.assemble((f"{label}: ", "bold"), value), soft_wrap=True)
+
+
+def _run_exit_code(run: TaskRun) -> int:
+    return {RunStatus.COMPLETED: 0, RunStatus.FAILED: EXIT_RUN_FAILED}.get(run.status, EXIT_ERROR)
+
+
+async def _run_live(
+    runtime: Runtime, org: str, agent: Agent, goal: str, max_steps: int | None, name: str
+) -> TaskRun:
+    """Run autonomously, printing each step as it lands under a spinner on stderr.
+
+    ``start_run`` then ``drive_run`` is what ``run_autonomous`` does; split, the run id is
+    known before the first step, so it can be shown at once and named if interrupted.
+    """
+    run = await runtime.start_run(org, agent.id, goal, max_steps=max_steps, name=name)
+    return await _drive_live(runtime, org, run, agent)
+
+
+async def _drive_live(runtime: Runtime, org: str, run: TaskRun, agent: Agent) -> TaskRun:
+    """Drive a RUNNING run from its next step, printing each step as it lands."""
+    first = len(run.steps) + 1
+    _err.print(
+        Text(f"run {run.id}: {agent.name}, step {first} of at most {run.max_steps}"),
+        soft_wrap=True,
+    )
+    status: Status = _err.status(f"step {first}/{run.max_steps}: deciding…")
+
+    def on_step(step: Step) -> None:
+        _err.print(_step_line(step, run.max_steps), soft_wrap=True)
+        status.update(f"step {step.step_index + 2}/{run.max_steps}: deciding…")
+
+    try:
+        with status:
+            return await runtime.drive_run(org, run.id, on_step=on_step)
+    except asyncio.CancelledError:
+        _err.print(Text(f"run {run.id} was interrupted and stays RUNNING"), soft_wrap=True)
+        raise
+
+
+# commands --------------------------------------------------------------------------------
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    org: Annotated[
+        str, typer.Option("--org", envvar="CORTEX_ORG", help="Organisation (tenant) id.")
+    ] = "default",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
+) -> None:
+    """A CoALA agent runtime. Settings come from CORTEX_* environment variables."""
+    _configure_output(verbose)
+    ctx.obj = _Options(org=org)
+
+
+def _org(ctx: typer.Context) -> str:
+    options: _Options = ctx.find_root().obj
+    return options.org
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    goal: Annotated[str, typer.Argument(help="What the demo agent should do.")] = DEMO_GOAL,
+    max_steps: Annotated[
+        int | None, typer.Option("--max-steps", help="Step budget (default from settings).")
+    ] = None,
+) -> None:
+    """Run the demo agent autonomously on the embedded default (PostgreSQL, SmolLM2, MiniLM)."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        async with _runtime(with_models=True) as runtime:
+            agent = await _demo_agent(runtime, org)
+            run = await _run_live(runtime, org, agent, goal, max_steps, "demo")
+            _print_run(run, agent.name)
+            return _run_exit_code(run)
+
+    _execute(work())
+
+
+async def _demo_agent(runtime: Runtime, org: str) -> Agent:
+    """The demo agent: reused by name, created on first use."""
+    try:
+        return await runtime.store.get_agent(org, DEMO_AGENT)
+    except NotFoundError:
+        pass
+    try:
+        return await runtime.create_agent(
+            org, DEMO_AGENT, persona=DEMO_PERSONA, mode=AgentMode.AUTONOMOUS
+        )
+    except InvalidRequestError:
+        # Another process created it between our read and our write.
+        return await runtime.store.get_agent(org, DEMO_AGENT)
+
+
+@app.command("run")
+def run_command(
+    ctx: typer.Context,
+    agent: Annotated[str, typer.Argument(help="Agent name or id.")],
+    goal: Annotated[str, typer.Argument(help="The goal of the run.")],
+    max_steps: Annotated[
+        int | None, typer.Option("--max-steps", help="Step budget (default from settings).")
+    ] = None,
+    name: Annotated[str, typer.Option("--name", help="A label for the run.")] = "",
+) -> None:
+    """Run an agent autonomously against GOAL. Exit 0 if COMPLETED, 3 if FAILED."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        async with _runtime(with_models=True) as runtime:
+            found = await runtime.store.get_agent(org, agent)
+            run = await _run_live(runtime, org, found, goal, max_steps, name)
+            _print_run(run, found.name)
+            return _run_exit_code(run)
+
+    _execute(work())
+
+
+@agents_app.command("create")
+def agents_create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="A unique name in the organisation.")],
+    persona: Annotated[str, typer.Option("--persona", help="Who the agent is.")] = "",
+    mode: Annotated[Mode, typer.Option("--mode", case_sensitive=False)] = Mode.interactive,
+    tool: Annotated[
+        list[str] | None,
+        typer.Option("--tool", help="A tool it may use (repeat; default: every built-in)."),
+    ] = None,
+    skill: Annotated[
+        list[str] | None, typer.Option("--skill", help="A skill, in words (repeat).")
+    ] = None,
+) -> None:
+    """Create an agent."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        async with _runtime(with_models=False) as runtime:
+            agent = await runtime.create_agent(
+                org,
+                name,
+                persona=persona,
+                mode=AgentMode(mode.value.upper()),
+                tools=tool or None,
+                skills=skill or (),
+            )
+        _out.print(Text(f"created agent {agent.name} ({agent.id})"), soft_wrap=True)
+        _out.print(
+            Text(f"mode: {agent.mode.value}; tools: {', '.join(agent.tools)}"), soft_wrap=True
+        )
+        return 0
+
+    _execute(work())
+
+
+@agents_app.command("list")
+def agents_list(ctx: typer.Context) -> None:
+    """List the organisation's agents."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        async with _runtime(with_models=False) as runtime:
+            agents = await runtime.store.list_agents(org)
+        table = _list_table(f"agents in {org}")
+        table.add_column("name", min_width=10, overflow="fold")
+        table.add_column("id", no_wrap=True)
+        table.add_column("mode", no_wrap=True)
+        table.add_column("tools, skills", min_width=16, overflow="fold")
+        for agent in agents:
+            table.add_row(
+                Text(agent.name),
+                str(agent.id),
+                agent.mode.value.lower(),
+                Text(", ".join((*agent.tools, *(f"“{_shorten(s, 40)}”" for s in agent.skills)))),
+            )
+        _out.print(table)
+        return 0
+
+    _execute(work())
+
+
+@runs_app.command("show")
+def runs_show(
+    ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="The run's id.")]
+) -> None:
+    """Show a run's step log and outcome."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        key = _parse_run_id(run_id)
+        async with _runtime(with_models=False) as runtime:
+            run = await runtime.store.get_run(org, key)
+            agent = await runtime.store.get_agent(org, run.agent_id)
+        _print_run(run, agent.name)
+        return 0
+
+    _execute(work())
+
+
+@runs_app.command("resume")
+def runs_resume(
+    ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="The run's id.")]
+) -> None:
+    """Continue a RUNNING run after its last recorded step (after a crash or Ctrl-C)."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        key = _parse_run_id(run_id)
+        async with _runtime(with_models=True) as runtime:
+            run = await runtime.store.get_run(org, key)
+            agent = await runtime.store.get_agent(org, run.agent_id)
+            if run.status is RunStatus.RUNNING:
+                run = await _drive_live(runtime, org, run, agent)
+            else:
+                _err.print(Text(f"run {run.id} already ended: {run.status.value}"))
+        _print_run(run, agent.name)
+        return _run_exit_code(run)
+
+    _execute(work())
+
+
+@runs_app.command("list")
+def runs_list(
+    ctx: typer.Context,
+    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's runs.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="How many, newest first.")] = 50,
+) -> None:
+    """List recent runs, newest first."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        async with _runtime(with_models=False) as runtime:
+            agent_id = (await runtime.store.get_agent(org, agent)).id if agent else None
+            runs = await runtime.store.list_runs(org, agent_id, limit=limit)
+            names = {a.id: a.name for a in await runtime.store.list_agents(org)}
+        table = _list_table(f"runs in {org}")
+        table.add_column("id", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        table.add_column("created", no_wrap=True)
+        table.add_column("agent: goal", min_width=16, overflow="fold")
+        for run in runs:
+            agent_name = names.get(run.agent_id, str(run.agent_id))
+            label = f"{agent_name} ({run.name})" if run.name else agent_name
+            table.add_row(
+                str(run.id),
+                Text(run.status.value, style=_STATUS_STYLE[run.status]),
+                run.created_at.strftime("%m-%d %H:%M"),
+                Text(_shorten(f"{label}: {run.goal}", 80)),
+            )
+        _out.print(table)
+        return 0
+
+    _execute(work())
+
+
+def main() -> None:
+    """The ``cortex-ray`` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

