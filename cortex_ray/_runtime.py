@@ -457,6 +457,11 @@ class Runtime:
 
     async def open_session(self, org_id: str, agent_ref: UUID | str, caller: Principal) -> Session:
         agent = await self.store.get_agent(org_id, agent_ref)
+        if agent.mode is not AgentMode.INTERACTIVE:
+            raise InvalidRequestError(
+                f"agent {agent.name!r} is {agent.mode.value}; set its mode to INTERACTIVE "
+                "to talk with it"
+            )
         if caller.org_id != org_id:
             raise InvalidRequestError("the caller belongs to another organisation")
         await self.store.put_principal(caller)

@@ -471,6 +471,9 @@ async def test_interactive_agents_do_not_run_tasks_and_bad_names_are_rejected(
     chatty = await runtime.create_agent(org, "chatty")  # INTERACTIVE by default
     with pytest.raises(InvalidRequestError, match="set its mode to AUTONOMOUS"):
         await runtime.run_autonomous(org, chatty.id, "go")
+    loner = await runtime.create_agent(org, "loner", mode=AgentMode.AUTONOMOUS)
+    with pytest.raises(InvalidRequestError, match="set its mode to INTERACTIVE"):
+        await runtime.open_session(org, loner.id, person(org))
     with pytest.raises(InvalidRequestError, match="invalid agent: name"):
         await runtime.create_agent(org, "   ")
     with pytest.raises(InvalidRequestError, match="unknown tools: nope"):
