@@ -24,6 +24,7 @@ from cortex_ray._exceptions import ConfigurationError, InvalidRequestError
 from cortex_ray._settings import Settings
 from cortex_ray._types import (
     Agent,
+    AgentAction,
     AgentMode,
     Decision,
     DecisionKind,
@@ -303,11 +304,53 @@ class Runtime:
         if run.status is not RunStatus.RUNNING:
             return run
         agent = await self.store.get_agent(org_id, run.agent_id)
-        return await self._drive(agent, run, on_step)
+        observations = [s.observation for s in run.steps if s.observation is not None]
+        interrupted = await self.store.take_intent(org_id, run.id, len(run.steps))
+        if interrupted is not None:
+            observations.append(await self._interrupted(agent, run, len(run.steps), interrupted))
+        return await self._drive(agent, run, on_step, observations)
 
-    async def _drive(self, agent: Agent, run: TaskRun, on_step: StepCallback | None) -> TaskRun:
+    async def _interrupted(
+        self, agent: Agent, run: TaskRun, step_index: int, action: AgentAction
+    ) -> Observation:
+        """A side-effecting step whose process died after it began acting: it is decided
+        again, not re-executed, and the model is told its effect is unknown. The audit log
+        keeps the evidence; a retried call carries the same idempotency key."""
+        summary = (
+            f"interrupted: the process stopped while {action.tool} was running; it may or may "
+            f"not have taken effect (idempotency key {run.id}:{step_index})"
+        )
+        await self.dispatcher.record(
+            InvocationContext(
+                agent=agent,
+                caller=None,
+                mode=AgentMode.AUTONOMOUS,
+                run_id=run.id,
+                step_index=step_index,
+            ),
+            action,
+            status="INTERRUPTED",
+            reason=summary,
+        )
+        log.warning("run %s step %d: %s", run.id, step_index, summary)
+        return Observation(
+            tool=action.tool,
+            action_type=action.action_type,
+            status=ObservationStatus.ERROR,
+            summary=summary,
+            step_index=step_index,
+        )
+
+    async def _drive(
+        self,
+        agent: Agent,
+        run: TaskRun,
+        on_step: StepCallback | None,
+        observations: list[Observation] | None = None,
+    ) -> TaskRun:
         steps = list(run.steps)
-        observations = [s.observation for s in steps if s.observation is not None]
+        if observations is None:
+            observations = [s.observation for s in steps if s.observation is not None]
         with tracer.start_as_current_span(
             "cortex.run", attributes={"cortex.run_id": str(run.id), "cortex.org": run.org_id}
         ):
@@ -374,6 +417,12 @@ class Runtime:
                 run_id=run.id,
                 step_index=step_index,
             )
+            tool = self.registry.get(decision.action.tool)
+            side_effects = tool is not None and not tool.idempotent
+            if side_effects:
+                # Durable before acting: if the process dies now, resume knows this step
+                # began and decides it again instead of blindly repeating it.
+                await self.store.insert_intent(run.org_id, run.id, step_index, decision.action)
             dispatch = await self.dispatcher.execute(
                 ctx, decision.action.tool, decision.action.args
             )  # ACT
@@ -403,6 +452,8 @@ class Runtime:
                     await self.store.insert_step(conn, run.org_id, step)
                     await self.store.insert_audit(conn, dispatch.audit)
                     await self.memory.write_prepared(conn, [prepared])
+                    if side_effects:
+                        await self.store.clear_intent(conn, run.org_id, run.id, step_index)
             await _notify(on_step, step)
             if dispatch.refused_as_invalid:
                 # Never executed; end the run safely rather than loop on a broken plan.

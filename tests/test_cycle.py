@@ -493,3 +493,71 @@ async def test_output_cut_off_at_the_token_limit_is_retried_with_a_clear_reason(
     run = await runtime.run_autonomous(org, agent.id, "say a lot")
     assert run.status is RunStatus.FAILED
     assert "cut off at the token limit" in (run.reason or "")
+
+
+class ProcessDied(BaseException):
+    """Stands for the process dying mid-tool: not an Exception, so nothing catches it."""
+
+
+async def test_an_interrupted_side_effect_is_decided_again_not_repeated(db, settings, org) -> None:
+    from cortex_ray.act import Tool
+
+    charges: list[str] = []
+
+    async def charge(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        charges.append(ctx.idempotency_key)
+        if len(charges) == 1:
+            raise ProcessDied  # the effect happened, then the process died
+        return {"charged": True}
+
+    card = Tool(
+        name="charge_card",
+        description="Charge the card (not idempotent).",
+        handler=charge,
+        parameters={"type": "object", "properties": {}, "additionalProperties": False},
+    )
+
+    def plan(step: int) -> list[dict[str, Any]]:
+        if step == 0:
+            return [{"tool": "charge_card", "args": {}, "rationale": "pay"}]
+        return [
+            {
+                "finish": True,
+                "message": "stopping: the charge may already be done",
+                "rationale": "r",
+            }
+        ]
+
+    model = ScriptedModelClient(responder=planner(plan))
+    runtime = await Runtime.open(
+        settings.model_copy(update={"embedding_backend": "hash"}),
+        model=model,
+        embedder=HashEmbedder(384),
+        importance=HeuristicImportanceScorer(),
+        tools=[card],
+        db=db,
+    )
+    try:
+        agent = await runtime.create_agent(
+            org, "payer", mode=AgentMode.AUTONOMOUS, tools=["charge_card", "current_time"]
+        )
+        run = await runtime.start_run(org, agent.id, "pay once")
+        with pytest.raises(ProcessDied):
+            await runtime.drive_run(org, run.id)
+        assert (await runtime.store.get_run(org, run.id)).steps == ()
+
+        resumed = await runtime.drive_run(org, run.id)
+        assert resumed.status is RunStatus.COMPLETED
+        assert charges == [f"{run.id}:0"]  # decided again, not blindly re-executed
+        last_prompt = [r for r in model.requests if r.schema_name == "proposals"][-1]
+        assert "interrupted: the process stopped while charge_card was running" in (
+            last_prompt.messages[1].content or ""
+        )
+        audit = await runtime.store.audit_rows(org, run_id=run.id)
+        assert [(a["tool"], a["status"], a["idempotency_key"]) for a in audit] == [
+            ("charge_card", "INTERRUPTED", f"{run.id}:0")
+        ]
+        # The intent was consumed: a third drive finds nothing to recover.
+        assert await runtime.store.take_intent(org, run.id, 0) is None
+    finally:
+        await runtime.close(close_db=False)

@@ -18,7 +18,7 @@ async def test_the_embedded_server_has_pgvector_and_the_schema_at_head(db: Datab
         row = await cur.fetchone()
         assert row is not None and row["extversion"].startswith("0.8")
         cur = await conn.execute("SELECT version_num FROM alembic_version")
-        assert (await cur.fetchone()) == {"version_num": "0001"}
+        assert (await cur.fetchone()) == {"version_num": "0002"}
         cur = await conn.execute("SHOW hnsw.iterative_scan")
         assert (await cur.fetchone()) == {"hnsw.iterative_scan": "relaxed_order"}
         cur = await conn.execute("SHOW server_version_num")
@@ -69,7 +69,7 @@ async def test_a_second_embedded_database_starts_and_stops_cleanly() -> None:
         reopened = await Database.open(Settings(data_dir=folder))  # data survives a restart
         async with reopened.transaction() as conn:
             cur = await conn.execute("SELECT version_num FROM alembic_version")
-            assert (await cur.fetchone()) == {"version_num": "0001"}
+            assert (await cur.fetchone()) == {"version_num": "0002"}
         await reopened.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -85,3 +85,29 @@ def test_default_data_dir_keeps_root_out_of_home() -> None:
         assert path == Path("/var/lib/cortex-ray")
     else:
         assert str(path).startswith(str(Path.home()))
+
+
+async def test_api_keys_are_hashed_resolve_to_their_principal_and_can_be_revoked(
+    db: Database,
+) -> None:
+    import uuid
+
+    from cortex_ray import Grant, NotFoundError, Principal
+    from cortex_ray.storage import Store
+
+    store = Store(db)
+    org = f"org-{uuid.uuid4().hex[:8]}"
+    alice = Principal(id="alice", org_id=org, grant=Grant(tools=frozenset({"*"})))
+    key, key_id = await store.create_api_key(alice, "laptop")
+    assert key.startswith("crx_")
+    assert await store.principal_for_api_key(key) == alice
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT key_hash FROM api_keys WHERE id = %s", (key_id,))
+        row = await cur.fetchone()
+    assert row is not None and key.encode() not in bytes(row["key_hash"])  # never the key itself
+    assert await store.principal_for_api_key(key + "x") is None
+    assert await store.principal_for_api_key("Bearer nonsense") is None
+    await store.revoke_api_key(org, key_id)
+    assert await store.principal_for_api_key(key) is None
+    with pytest.raises(NotFoundError):
+        await store.revoke_api_key(org, key_id)

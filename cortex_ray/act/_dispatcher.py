@@ -26,6 +26,7 @@ from cortex_ray._settings import Settings
 from cortex_ray._types import (
     ActionType,
     Agent,
+    AgentAction,
     AgentMode,
     Observation,
     ObservationStatus,
@@ -231,6 +232,30 @@ class ToolDispatcher:
             step_index=ctx.step_index,
             session_id=ctx.session_id,
             idempotency_key=tctx.idempotency_key,
+        )
+
+    async def record(
+        self,
+        ctx: InvocationContext,
+        action: AgentAction,
+        *,
+        status: str,
+        reason: str,
+    ) -> None:
+        """Audit a call the gate did not run now (an interrupted step found on resume)."""
+        tctx = ToolContext(
+            org_id=ctx.agent.org_id,
+            agent=ctx.agent,
+            principal=self.access.principal_for(ctx.agent, ctx.caller, ctx.mode),
+            mode=ctx.mode,
+            run_id=ctx.run_id,
+            session_id=ctx.session_id,
+            step_index=ctx.step_index,
+        )
+        await self._write_audit(
+            self._audit(
+                ctx, tctx, action.tool, action.action_type, action.args, status, reason, 0.0
+            )
         )
 
     async def _write_audit(self, audit: AuditEntry) -> None:

@@ -7,11 +7,13 @@ atomically.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -47,6 +49,21 @@ def _grant_json(grant: Grant | None) -> Jsonb | None:
 
 def _grant(value: Any) -> Grant | None:
     return None if value is None else Grant.model_validate(value)
+
+
+def _principal(row: dict[str, Any]) -> Principal:
+    return Principal(
+        id=row["id"],
+        org_id=row["org_id"],
+        kind=PrincipalKind(row["kind"]),
+        name=row["name"],
+        is_admin=row["is_admin"],
+        grant=_grant(row["grant_policy"]),
+    )
+
+
+def _key_hash(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
 
 
 def _agent(row: dict[str, Any]) -> Agent:
@@ -203,14 +220,7 @@ class Store:
             row = await cur.fetchone()
         if row is None:
             raise NotFoundError(f"principal {principal_id!r} not found in organisation {org_id!r}")
-        return Principal(
-            id=row["id"],
-            org_id=row["org_id"],
-            kind=PrincipalKind(row["kind"]),
-            name=row["name"],
-            is_admin=row["is_admin"],
-            grant=_grant(row["grant_policy"]),
-        )
+        return _principal(row)
 
     # agents -------------------------------------------------------------------------------
 
@@ -489,6 +499,98 @@ class Store:
                     for i, t in enumerate(turns)
                 ],
             )
+
+    # API keys -----------------------------------------------------------------------------
+
+    async def create_api_key(self, principal: Principal, name: str = "") -> tuple[str, UUID]:
+        """A new bearer key for ``principal``: the key is returned once, only its hash is kept.
+
+        Keys carry 256 random bits, so a plain SHA-256 (not a slow password hash) is the
+        right digest: nothing to brute-force, and lookups stay one index probe.
+        """
+        if not await self._has_principal(principal):
+            await self.put_principal(principal)
+        key_id = uuid4()
+        prefix = secrets.token_hex(4)
+        key = f"crx_{prefix}_{secrets.token_urlsafe(32)}"
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                """
+                INSERT INTO api_keys (org_id, id, principal_id, key_hash, prefix, name)
+                VALUES (%s, %s, %s, %s, %s, %s)
+                """,
+                (principal.org_id, key_id, principal.id, _key_hash(key), prefix, name),
+            )
+        return key, key_id
+
+    async def _has_principal(self, principal: Principal) -> bool:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT 1 FROM principals WHERE org_id = %s AND id = %s",
+                (principal.org_id, principal.id),
+            )
+            return await cur.fetchone() is not None
+
+    async def principal_for_api_key(self, key: str) -> Principal | None:
+        """The principal a bearer key belongs to, or None (unknown, malformed or revoked)."""
+        if not key.startswith("crx_") or len(key) > 200:
+            return None
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT p.* FROM api_keys k
+                JOIN principals p ON p.org_id = k.org_id AND p.id = k.principal_id
+                WHERE k.key_hash = %s AND k.revoked_at IS NULL
+                """,
+                (_key_hash(key),),
+            )
+            row = await cur.fetchone()
+        return None if row is None else _principal(row)
+
+    async def revoke_api_key(self, org_id: str, key_id: UUID) -> None:
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                "UPDATE api_keys SET revoked_at = now() "
+                "WHERE org_id = %s AND id = %s AND revoked_at IS NULL",
+                (org_id, key_id),
+            )
+            if cur.rowcount == 0:
+                raise NotFoundError(f"no active API key {key_id} in organisation {org_id!r}")
+
+    # step intents (crash-resume) ----------------------------------------------------------
+
+    async def insert_intent(
+        self, org_id: str, run_id: UUID, step_index: int, action: AgentAction
+    ) -> None:
+        """Record, in its own transaction, that a side-effecting step is about to act."""
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                """
+                INSERT INTO step_intents (org_id, run_id, step_index, action)
+                VALUES (%s, %s, %s, %s)
+                ON CONFLICT (org_id, run_id, step_index) DO UPDATE SET action = EXCLUDED.action,
+                    started_at = now()
+                """,
+                (org_id, run_id, step_index, Jsonb(action.model_dump(mode="json"))),
+            )
+
+    async def take_intent(self, org_id: str, run_id: UUID, step_index: int) -> AgentAction | None:
+        """Remove and return an intent left behind by an interrupted step, if any."""
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                "DELETE FROM step_intents WHERE org_id = %s AND run_id = %s AND step_index = %s "
+                "RETURNING action",
+                (org_id, run_id, step_index),
+            )
+            row = await cur.fetchone()
+        return None if row is None else AgentAction.model_validate(row["action"])
+
+    @staticmethod
+    async def clear_intent(conn: Conn, org_id: str, run_id: UUID, step_index: int) -> None:
+        await conn.execute(
+            "DELETE FROM step_intents WHERE org_id = %s AND run_id = %s AND step_index = %s",
+            (org_id, run_id, step_index),
+        )
 
     # audit --------------------------------------------------------------------------------
 
