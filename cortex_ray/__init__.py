@@ -15,6 +15,7 @@ from cortex_ray._exceptions import (
     StorageError,
     StructuredOutputError,
 )
+from cortex_ray._executor import Executor, InProcessExecutor
 from cortex_ray._runtime import Runtime, StepCallback, build_embedder, build_model
 from cortex_ray._settings import Settings
 from cortex_ray._types import (
@@ -58,7 +59,9 @@ __all__ = [
     "CortexError",
     "Decision",
     "DecisionKind",
+    "Executor",
     "Grant",
+    "InProcessExecutor",
     "InvalidRequestError",
     "MemoryKind",
     "MemoryRecord",
