@@ -141,6 +141,8 @@ class Runtime:
         self.assembler = WorkingMemoryAssembler(memory, self.dispatcher, recall_k=settings.recall_k)
         self.autonomous = AutonomousDriver(model, self.composer, settings)
         self.interactive = InteractiveDriver(model, self.composer, settings)
+        self._owns_model = False
+        self._owns_db = False
 
     @classmethod
     async def open(
@@ -176,7 +178,7 @@ class Runtime:
             if importance is None:
                 importance = importance_scorer_for(settings, chat_model)
             memory = MemoryService(database, emb, settings, importance)
-            return cls(
+            runtime = cls(
                 settings=settings,
                 db=database,
                 memory=memory,
@@ -184,6 +186,10 @@ class Runtime:
                 tools=tools,
                 hooks=hooks,
             )
+            # Close only what this call opened; a caller's model or database is theirs.
+            runtime._owns_model = isinstance(model, str)
+            runtime._owns_db = db is None
+            return runtime
         except BaseException:
             if chat_model is not None and model == "settings":
                 await chat_model.aclose()
@@ -192,9 +198,10 @@ class Runtime:
             raise
 
     async def close(self, *, close_db: bool = True) -> None:
-        if self.model is not None:
+        """Close the model and the database if this runtime opened them."""
+        if self.model is not None and self._owns_model:
             await self.model.aclose()
-        if close_db:
+        if close_db and self._owns_db:
             await self.db.close()
 
     # agents -------------------------------------------------------------------------------
