@@ -1,4 +1,5 @@
-"""The ``cortex-ray`` command line: agents, autonomous runs and their step logs.
+"""The ``cortex-ray`` command line: agents, autonomous runs and their step logs, API keys,
+and ``serve`` (the HTTP API on Ray Serve, from the ``serve`` package when installed).
 
 Typer parses the command line and rich draws the spinner, the live step lines and the
 tables (see STYLE.md: we do not write CLI parsing or progress bars by hand). Settings come
@@ -39,7 +40,17 @@ from cortex_ray._exceptions import (
 )
 from cortex_ray._runtime import Runtime
 from cortex_ray._settings import Settings
-from cortex_ray._types import Agent, AgentMode, DecisionKind, RunStatus, Step, TaskRun
+from cortex_ray._types import (
+    Agent,
+    AgentMode,
+    DecisionKind,
+    Grant,
+    Principal,
+    PrincipalKind,
+    RunStatus,
+    Step,
+    TaskRun,
+)
 from cortex_ray.models import HashEmbedder
 
 __all__ = ["app", "main"]
@@ -72,8 +83,10 @@ app = typer.Typer(
 )
 agents_app = typer.Typer(help="Create and list agents.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect autonomous runs.", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys for the HTTP API (bearer keys).", no_args_is_help=True)
 app.add_typer(agents_app, name="agents")
 app.add_typer(runs_app, name="runs")
+app.add_typer(keys_app, name="api-keys")
 
 
 class Mode(StrEnum):
@@ -538,6 +551,106 @@ def runs_list(
         return 0
 
     _execute(work())
+
+
+class KeyKind(StrEnum):
+    """The ``--kind`` choices of a key's principal."""
+
+    user = "user"
+    service = "service"
+
+
+@keys_app.command("create")
+def keys_create(
+    ctx: typer.Context,
+    principal: Annotated[str, typer.Argument(help="The principal id the key acts as.")],
+    name: Annotated[str, typer.Option("--name", help="A label for the key.")] = "",
+    admin: Annotated[
+        bool | None,
+        typer.Option("--admin/--no-admin", help="May create and change agents."),
+    ] = None,
+    grant: Annotated[
+        list[str] | None,
+        typer.Option("--grant", help="A tool the principal may use ('*' for all; repeat)."),
+    ] = None,
+    kind: Annotated[KeyKind, typer.Option("--kind", case_sensitive=False)] = KeyKind.user,
+) -> None:
+    """Create a bearer key for PRINCIPAL in --org; it is shown once (only its hash is kept).
+
+    A new principal gets what the options say (no --grant: no tools, fail closed); for an
+    existing one, --admin/--no-admin and --grant replace its settings."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        async with _runtime(with_models=False) as runtime:
+            store = runtime.store
+            try:
+                existing: Principal | None = await store.get_principal(org, principal)
+            except NotFoundError:
+                existing = None
+            is_admin = admin if admin is not None else bool(existing and existing.is_admin)
+            policy = existing.grant if existing else None
+            if grant is not None:
+                policy = Grant(tools=frozenset(grant))
+            wanted = Principal(
+                id=principal,
+                org_id=org,
+                kind=PrincipalKind(kind.value.upper()),
+                name=existing.name if existing else principal,
+                is_admin=is_admin,
+                grant=policy,
+            )
+            if existing != wanted:
+                await store.put_principal(wanted)
+            key, key_id = await store.create_api_key(wanted, name)
+        _out.print(Text(f"key id: {key_id}"), soft_wrap=True)
+        role = " (admin)" if wanted.is_admin else ""
+        _out.print(Text(f"principal: {principal} in {org}{role}"), soft_wrap=True)
+        tools = ", ".join(sorted(wanted.grant.tools)) if wanted.grant else ""
+        _out.print(Text(f"grant: {tools or 'none (no tool calls; add --grant)'}"), soft_wrap=True)
+        _out.print(Text(f"API key (shown once): {key}"), soft_wrap=True)
+        return 0
+
+    _execute(work())
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    ctx: typer.Context, key_id: Annotated[str, typer.Argument(help="The key's id.")]
+) -> None:
+    """Revoke a key: requests with it get 401 from then on."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        try:
+            parsed = UUID(key_id)
+        except ValueError:
+            raise InvalidRequestError(f"not a key id: {key_id!r}") from None
+        async with _runtime(with_models=False) as runtime:
+            await runtime.store.revoke_api_key(org, parsed)
+        _out.print(Text(f"revoked key {parsed}"), soft_wrap=True)
+        return 0
+
+    _execute(work())
+
+
+@app.command("serve")
+def serve_command(
+    host: Annotated[
+        str | None, typer.Option("--host", help="Bind address (default 127.0.0.1).")
+    ] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Port (default 8000).")] = None,
+) -> None:
+    """Serve the HTTP API on Ray Serve until Ctrl-C (needs the 'ray' extra)."""
+    # The Ray layer depends on the core, never the other way: it is looked up only here.
+    import importlib
+
+    try:
+        serve_main = importlib.import_module("serve.__main__").main
+    except ImportError as exc:
+        _fail(f"the HTTP API needs Ray: pip install 'cortex-ray[ray]' ({exc})", EXIT_ERROR)
+    args = [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]
+    serve_main(args)
 
 
 def main() -> None:

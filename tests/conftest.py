@@ -72,3 +72,22 @@ def smollm2():  # type: ignore[no-untyped-def]
     client = LlamaCppClient(n_ctx=4096)
     yield client
     client._llama.close()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[object]:
+    """One local Ray for the whole test run: the only place tests call ``ray.init``.
+
+    ``ray.init`` costs 2–5 s, so it is shared; tests keep apart by using their own actor
+    namespaces. Workers inherit this process's environment (HF_HUB_OFFLINE above) and get its
+    working directory on their ``sys.path``.
+    """
+    ray = pytest.importorskip("ray")
+    context = ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        namespace="cortex-ray-test",
+        log_to_driver=False,
+    )
+    yield context
+    ray.shutdown()

@@ -1,0 +1,36 @@
+"""cortex-ray on Ray actors: one ``AgentSession`` actor per live session or task run.
+
+``SessionManager`` is the ``cortex_ray.Executor`` the HTTP API uses: it finds (or creates)
+the actor for an organisation's session or run by name, and the namespace's
+``SessionDirectory`` keeps the live sessions under a cap and resumes runs whose actor died.
+All state is in PostgreSQL, so actors passivate when idle and come back on the next message.
+See docs/actors.md.
+"""
+
+try:
+    import ray  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("the actors package needs Ray: pip install 'cortex-ray[ray]'") from exc
+
+from actors._directory import SessionDirectory
+from actors._exceptions import SessionBusyError, SessionError, SessionUnavailableError
+from actors._factory import RuntimeFactory, open_runtime
+from actors._manager import SessionManager
+from actors._naming import DIRECTORY_NAME, NAMESPACE, ActorKey
+from actors._policy import SessionPolicy
+from actors._session import AgentSession
+
+__all__ = [
+    "DIRECTORY_NAME",
+    "NAMESPACE",
+    "ActorKey",
+    "AgentSession",
+    "RuntimeFactory",
+    "SessionBusyError",
+    "SessionDirectory",
+    "SessionError",
+    "SessionManager",
+    "SessionPolicy",
+    "SessionUnavailableError",
+    "open_runtime",
+]

@@ -1,0 +1,250 @@
+"""The directory: the one supervisor of a namespace's session and run actors.
+
+It follows Ray Serve's controller: its GOAL state is small and durable (the policy and the
+runtime recipe, held by Ray as its constructor arguments; which runs should be driven, held
+by PostgreSQL as their RUNNING status) and its CURRENT state is rebuilt by asking the
+cluster (the named actors alive in the namespace) whenever it starts or restarts.
+
+- **Live cap.** Session actors register when they start and touch it after every turn;
+  when more than ``max_live_sessions`` are live it asks the least recently used to
+  passivate, skipping busy ones (the cap is soft: if every session is busy, none is evicted).
+- **Runs.** ``drive_run`` creates the run's actor and watches it until the run is terminal:
+  if the actor dies for good (``ray.kill``, a node lost) while the run is still RUNNING in
+  PostgreSQL, it creates a new one, which resumes after the last recorded step. Crashes
+  that Ray restarts itself (``max_restarts=-1``) resume in the restarted constructor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import OrderedDict
+from typing import Any, cast
+from uuid import UUID
+
+import ray
+from ray.actor import ActorClass, ActorHandle
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from actors._factory import RuntimeFactory
+from actors._naming import DIRECTORY_NAME, ActorKey
+from actors._policy import SessionPolicy
+from actors._session import get_or_create
+from cortex_ray import NotFoundError, RunStatus, Settings
+from cortex_ray.storage import Database, Store
+
+__all__ = ["SessionDirectory", "get_or_create_directory"]
+
+log = logging.getLogger("actors.directory")
+
+
+@ray.remote
+class SessionDirectory:
+    """Supervises the session and run actors of one namespace (named ``DIRECTORY_NAME``)."""
+
+    async def __init__(  # type: ignore[misc]  # Ray awaits an async constructor
+        self, settings: Settings, factory: RuntimeFactory, policy: SessionPolicy
+    ) -> None:
+        self._settings = settings
+        self._factory = factory
+        self._policy = policy
+        # A small pool: the directory only reads run statuses.
+        self._db = await Database.open(
+            settings.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
+        )
+        self._store = Store(self._db)
+        self._sessions: OrderedDict[str, str] = OrderedDict()  # name → actor id, LRU first
+        self._watchers: dict[str, asyncio.Task[RunStatus | None]] = {}
+        self._evicting = asyncio.Lock()
+        self._background: set[asyncio.Task[Any]] = set()
+        await self._rebuild()
+
+    async def _rebuild(self) -> None:
+        """Current state from the cluster: the named actors alive in our namespace."""
+        names = [
+            entry["name"]
+            for entry in ray.util.list_named_actors(all_namespaces=True)
+            if entry["namespace"] == self._policy.namespace
+        ]
+        sessions: list[tuple[float, str, str]] = []
+        for name in names:
+            key = ActorKey.parse(name)
+            if key is None:
+                continue
+            if key.kind == "run":
+                self._watch(key)
+                continue
+            try:
+                handle = ray.get_actor(name, namespace=self._policy.namespace)
+                status: dict[str, Any] = await asyncio.wait_for(handle.status.remote(), timeout=5.0)
+            except (RayActorError, ValueError, TimeoutError):
+                continue
+            if not status["closing"]:
+                sessions.append((status["idle_s"], name, status["actor_id"]))
+        for _, name, actor_id in sorted(sessions, reverse=True):  # most idle first = LRU
+            self._sessions[name] = actor_id
+        if names:
+            log.info(
+                "directory rebuilt: %d live sessions, %d runs watched",
+                len(self._sessions),
+                len(self._watchers),
+            )
+        self._spawn(self._evict())
+
+    # sessions -----------------------------------------------------------------------------
+
+    async def register(self, name: str, actor_id: str) -> None:
+        self._sessions[name] = actor_id
+        self._sessions.move_to_end(name)
+        if len(self._sessions) > self._policy.max_live_sessions:
+            self._spawn(self._evict())
+
+    async def touch(self, name: str, actor_id: str) -> None:
+        if self._sessions.get(name) == actor_id:
+            self._sessions.move_to_end(name)
+        elif name not in self._sessions:
+            await self.register(name, actor_id)
+
+    async def unregister(self, name: str, actor_id: str) -> None:
+        # Only the actor that registered may leave: a note from a passivated actor may land
+        # after its successor (same name) registered.
+        if self._sessions.get(name) == actor_id:
+            del self._sessions[name]
+
+    async def live_sessions(self) -> list[str]:
+        """Names of the live session actors, least recently used first."""
+        return list(self._sessions)
+
+    async def _evict(self) -> None:
+        async with self._evicting:
+            while len(self._sessions) > self._policy.max_live_sessions:
+                if not await self._evict_one():
+                    log.warning(
+                        "%d live sessions, cap %d: every candidate is busy; over the cap for now",
+                        len(self._sessions),
+                        self._policy.max_live_sessions,
+                    )
+                    return
+
+    async def _evict_one(self) -> bool:
+        newest = next(reversed(self._sessions))
+        for name, actor_id in list(self._sessions.items()):
+            if name == newest:
+                break
+            try:
+                handle = ray.get_actor(name, namespace=self._policy.namespace)
+                going: bool = await asyncio.wait_for(handle.passivate.remote(), timeout=10.0)
+            except (RayActorError, ValueError, TimeoutError):
+                going = True  # already gone (or unreachable): not live
+            if going:
+                if self._sessions.get(name) == actor_id:
+                    del self._sessions[name]
+                log.info("evicted %s (live cap %d)", name, self._policy.max_live_sessions)
+                return True
+        return False
+
+    # runs ---------------------------------------------------------------------------------
+
+    async def drive_run(self, org_id: str, run_id: UUID) -> None:
+        """Make sure the run is being driven (creates its actor); returns at once."""
+        self._watch(ActorKey.run(org_id, run_id))
+
+    async def wait_run(self, org_id: str, run_id: UUID) -> RunStatus:
+        """The run's status once its watcher stops: terminal, or RUNNING if it gave up."""
+        key = ActorKey.run(org_id, run_id)
+        watcher = self._watch(key)
+        status = await asyncio.shield(watcher)
+        if status is None:
+            return (await self._store.get_run(org_id, run_id)).status
+        return status
+
+    async def watched_runs(self) -> list[str]:
+        return [name for name, task in self._watchers.items() if not task.done()]
+
+    def _watch(self, key: ActorKey) -> asyncio.Task[RunStatus | None]:
+        watcher = self._watchers.get(key.name)
+        if watcher is None or watcher.done():
+            watcher = asyncio.create_task(self._watch_run(key), name=f"watch {key.name}")
+            self._watchers[key.name] = watcher
+            watcher.add_done_callback(functools.partial(self._forget, key.name))
+        return watcher
+
+    def _forget(self, name: str, task: asyncio.Task[Any]) -> None:
+        if self._watchers.get(name) is task:
+            del self._watchers[name]
+
+    async def _watch_run(self, key: ActorKey) -> RunStatus | None:
+        failures = 0  # attempts in a row that ended in an error (constructor or drive)
+        losses = 0  # actors in a row that died without the run recording a step
+        steps_seen = -1
+        while True:
+            try:
+                run = await self._store.get_run(key.org_id, key.id)
+            except NotFoundError:
+                log.warning("%s: no such run; not driving it", key.name)
+                return None
+            if run.status is not RunStatus.RUNNING:
+                return run.status
+            if len(run.steps) != steps_seen:  # progress: earlier errors were not in a row
+                steps_seen, failures, losses = len(run.steps), 0, 0
+            if failures > self._policy.run_retry_limit:
+                log.error(
+                    "%s: giving up after %d failed attempts in a row; the run stays RUNNING "
+                    "and start_run resumes it",
+                    key.name,
+                    failures,
+                )
+                return None
+            # Get-or-create: a live (or restarting) actor is reused, a dead one replaced.
+            handle = get_or_create(key, self._settings, self._factory, self._policy)
+            try:
+                await handle.wait.remote()
+                continue  # terminal: the next look at PostgreSQL says so
+            except ActorUnavailableError:
+                # Restarting after a crash (Ray re-runs the constructor, which resumes the
+                # run); calls fail fast until it is back, so poll at a steady pace.
+                await asyncio.sleep(0.1)
+                continue
+            except ActorDiedError as exc:
+                if not exc.actor_init_failed:
+                    # Killed for good, or exited: a new actor (same name) resumes the run.
+                    # Dying again and again without progress is slowed, not given up on.
+                    log.info("%s: actor died; resuming in a new one", key.name)
+                    losses += 1
+                    if losses > 1:
+                        await asyncio.sleep(min(2.0, 0.05 * 2**losses))
+                    continue
+                failures += 1  # the constructor failed (database, factory)
+                log.warning("%s: actor failed to start: %s", key.name, exc)
+            except Exception as exc:
+                failures += 1  # the drive itself raised (model or database error)
+                log.warning("%s: drive failed (%d in a row): %s", key.name, failures, exc)
+            await asyncio.sleep(min(30.0, 0.25 * 2**failures))
+
+    # housekeeping -------------------------------------------------------------------------
+
+    async def ping(self) -> float:
+        return time.time()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+def get_or_create_directory(
+    settings: Settings, factory: RuntimeFactory, policy: SessionPolicy
+) -> ActorHandle[Any]:
+    """The namespace's directory, created on first use (detached, restarted after crashes)."""
+    actor_class = cast("ActorClass[Any]", SessionDirectory)
+    handle = actor_class.options(
+        name=DIRECTORY_NAME,
+        namespace=policy.namespace,
+        get_if_exists=True,
+        lifetime="detached",
+        max_restarts=-1,
+        num_cpus=0,
+    ).remote(settings, factory, policy)
+    return cast("ActorHandle[Any]", handle)

@@ -1,0 +1,176 @@
+"""``SessionManager``: cortex-ray's ``Executor`` on Ray actors (what the HTTP API calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+from uuid import UUID
+
+import ray
+from ray.actor import ActorHandle
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from actors._directory import get_or_create_directory
+from actors._exceptions import SessionUnavailableError, _SessionPassivating
+from actors._factory import RuntimeFactory, open_runtime
+from actors._naming import ActorKey
+from actors._policy import SessionPolicy
+from actors._session import get_or_create
+from cortex_ray import (
+    ConfigurationError,
+    MemoryRecord,
+    Principal,
+    RunStatus,
+    Runtime,
+    Settings,
+    TurnResult,
+)
+
+__all__ = ["SessionManager"]
+
+log = logging.getLogger("actors.manager")
+
+# Ray's wording for an actor that ended itself (ray.actor.exit_actor): ours only do so when
+# idle, so a call that met such an actor never ran and is safe to send to its successor.
+_INTENDED_EXIT = "INTENDED_USER_EXIT"
+
+
+class SessionManager:
+    """Runs and sessions in per-key ``AgentSession`` actors; implements ``cortex_ray.Executor``.
+
+    Args:
+        settings: what each actor opens its ``Runtime`` from. ``database_url`` must name the
+            running PostgreSQL: actors never start the embedded one (see :meth:`for_runtime`).
+        factory: opens an actor's ``Runtime`` from ``settings`` (default: everything from the
+            settings); pickled into every actor.
+        policy: idle timeout, live cap, queue bound and namespace.
+
+    Turns of one session run one at a time in its actor; a turn arriving while
+    ``policy.max_pending_turns`` are running or queued fails at once with
+    ``SessionBusyError`` (HTTP 409). Runs are driven by their own actor, supervised by the
+    namespace's ``SessionDirectory``, which resumes them after a crash.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        factory: RuntimeFactory = open_runtime,
+        policy: SessionPolicy | None = None,
+    ) -> None:
+        if not settings.database_url:
+            raise ConfigurationError(
+                "session actors need the DSN of a running PostgreSQL (settings.database_url); "
+                "they never start the embedded one: use SessionManager.for_runtime(runtime)"
+            )
+        self.settings = settings
+        self.factory = factory
+        self.policy = policy or SessionPolicy()
+
+    @classmethod
+    def for_runtime(
+        cls,
+        runtime: Runtime,
+        *,
+        factory: RuntimeFactory = open_runtime,
+        policy: SessionPolicy | None = None,
+    ) -> SessionManager:
+        """A manager whose actors use the database ``runtime`` has open (embedded or not)."""
+        settings = runtime.settings.model_copy(update={"database_url": runtime.db.dsn})
+        return cls(settings, factory=factory, policy=policy)
+
+    # the Executor protocol ----------------------------------------------------------------
+
+    async def start_run(self, org_id: str, run_id: UUID) -> None:
+        """Have the directory drive the run in its actor; returns once that is arranged."""
+        await self.directory().drive_run.remote(org_id, run_id)
+
+    async def turn(
+        self, org_id: str, session_id: UUID, caller: Principal, message: str
+    ) -> TurnResult:
+        result: TurnResult = await self._call_session(
+            ActorKey.session(org_id, session_id), "turn", caller, message
+        )
+        return result
+
+    async def end_session(self, org_id: str, session_id: UUID) -> list[MemoryRecord]:
+        facts: list[MemoryRecord] = await self._call_session(
+            ActorKey.session(org_id, session_id), "end"
+        )
+        return facts
+
+    # beyond the protocol ------------------------------------------------------------------
+
+    async def wait_run(self, org_id: str, run_id: UUID) -> RunStatus:
+        """Wait until the run is terminal (across actor crashes); its final status.
+
+        RUNNING when the directory gave up (``run_retry_limit`` failed attempts in a row).
+        """
+        status: RunStatus = await self.directory().wait_run.remote(org_id, run_id)
+        return status
+
+    async def passivate(self, org_id: str, session_id: UUID) -> bool:
+        """Ask a session's actor to leave now; ``False`` if it is busy. No actor: ``True``."""
+        handle = self._lookup(ActorKey.session(org_id, session_id))
+        if handle is None:
+            return True
+        try:
+            going: bool = await handle.passivate.remote()
+        except RayActorError:
+            return True
+        return going
+
+    async def live_sessions(self) -> list[str]:
+        """Names of the live session actors, least recently used first (the directory's view)."""
+        names: list[str] = await self.directory().live_sessions.remote()
+        return names
+
+    def directory(self) -> ActorHandle[Any]:
+        """The namespace's directory, created on first use (detached, restarted on crashes)."""
+        return get_or_create_directory(self.settings, self.factory, self.policy)
+
+    # internals ----------------------------------------------------------------------------
+
+    def _lookup(self, key: ActorKey) -> ActorHandle[Any] | None:
+        try:
+            return ray.get_actor(key.name, namespace=self.policy.namespace)
+        except ValueError:
+            return None
+
+    def _session_actor(self, key: ActorKey) -> ActorHandle[Any]:
+        self.directory()  # sessions register with it: make sure it exists
+        return get_or_create(key, self.settings, self.factory, self.policy)
+
+    async def _call_session(self, key: ActorKey, method: str, *args: Any) -> Any:
+        """Call a session actor, (re)creating it; retried only where nothing ran."""
+        deadline = time.monotonic() + self.policy.reactivation_timeout_s
+        delay = 0.01
+        while True:
+            handle = self._session_actor(key)
+            try:
+                return await getattr(handle, method).remote(*args)
+            except _SessionPassivating:
+                pass  # refused before running: the actor is on its way out
+            except ActorDiedError as exc:
+                if exc.actor_init_failed:
+                    raise SessionUnavailableError(
+                        f"session {key.id}: its actor failed to start: {exc}"
+                    ) from exc
+                if _INTENDED_EXIT not in str(exc):
+                    raise SessionUnavailableError(
+                        f"session {key.id}: its actor died during the call; it may or may not "
+                        "have taken effect"
+                    ) from exc
+            except ActorUnavailableError as exc:
+                raise SessionUnavailableError(
+                    f"session {key.id}: its actor crashed during the call (Ray restarts it); "
+                    "it may or may not have taken effect"
+                ) from exc
+            if time.monotonic() > deadline:
+                raise SessionUnavailableError(
+                    f"session {key.id}: no live actor within {self.policy.reactivation_timeout_s} s"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)

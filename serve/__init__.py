@@ -1,0 +1,31 @@
+"""cortex-ray on Ray Serve: the HTTP API (a FastAPI ingress deployment).
+
+``create_app`` builds the FastAPI app around a runtime and an ``Executor`` (in-process or
+session actors); ``ApiIngress`` / ``build_api`` deploy it on Ray Serve; ``run_local`` starts
+it on this machine, bound to 127.0.0.1 unless configured. Routes, auth and errors:
+docs/api.md.
+"""
+
+from serve._app import ApiOptions, ApiState, ExecutorFactory, RuntimeFactory, create_app
+from serve._deployment import (
+    DEFAULT_APP_NAME,
+    ApiIngress,
+    LocalApi,
+    app_builder,
+    build_api,
+    run_local,
+)
+
+__all__ = [
+    "DEFAULT_APP_NAME",
+    "ApiIngress",
+    "ApiOptions",
+    "ApiState",
+    "ExecutorFactory",
+    "LocalApi",
+    "RuntimeFactory",
+    "app_builder",
+    "build_api",
+    "create_app",
+    "run_local",
+]

@@ -1,0 +1,53 @@
+"""``python -m serve``: run the HTTP API on this machine until Ctrl-C or SIGTERM.
+
+Connects to a running Ray (``RAY_ADDRESS``) or starts a local one, deploys the API with
+``run_local`` and, on the way out, deletes the application (and stops what it started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from types import FrameType
+
+import ray
+
+from serve import ApiOptions, run_local
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m serve",
+        description="Serve the cortex-ray HTTP API on Ray Serve. Settings come from CORTEX_* "
+        "and CORTEX_API_* environment variables.",
+    )
+    parser.add_argument("--host", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default 8000)")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    options = ApiOptions(**overrides)
+    # A background job inherits SIGINT ignored; a service manager stops us with SIGTERM.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    started_ray = not ray.is_initialized()
+    try:
+        api = run_local(options=options)
+        print(f"cortex-ray API on {api.url} (docs: {api.url}/docs); Ctrl-C stops it", flush=True)
+        try:
+            threading.Event().wait()
+        finally:
+            api.stop()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

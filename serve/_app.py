@@ -1,0 +1,795 @@
+"""The HTTP API as a FastAPI app: tasks, agents, sessions with streamed replies, direct tool
+calls, memory search, health.
+
+``create_app`` takes the runtime (or the settings to open one) and the ``Executor`` that
+drives runs and turns, so the same app runs in-process (tests, one machine) and as the Ray
+Serve ingress (``serve.ApiIngress``) in front of session actors.
+
+Every route under ``/api/orgs/{org}`` authenticates a bearer API key and checks that its
+principal belongs to ``{org}``; a principal of another organisation gets 404, exactly as if
+nothing existed there, so no route tells one tenant anything about another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any, Protocol, runtime_checkable
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from pydantic import AwareDatetime, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from starlette.datastructures import Headers
+from starlette.types import Receive, Scope, Send
+
+import cortex_ray
+from cortex_ray import (
+    Agent,
+    AgentMode,
+    Executor,
+    InProcessExecutor,
+    MemoryKind,
+    Principal,
+    RunStatus,
+    Runtime,
+    Session,
+    SessionStatus,
+    Settings,
+    TaskRun,
+)
+from serve._errors import ApiProblem, error_response, install_error_handlers, status_of
+from serve._schemas import (
+    ORG_PATTERN,
+    AgentBody,
+    AgentCreate,
+    AgentList,
+    AgentUpdate,
+    ApiError,
+    FactList,
+    Health,
+    MemoryBody,
+    MemoryHit,
+    MemorySearch,
+    MessageCreate,
+    MessageList,
+    ObservationBody,
+    PrincipalBody,
+    SessionBody,
+    SessionCreate,
+    SessionEnded,
+    TaskAccepted,
+    TaskBody,
+    TaskCreate,
+    TaskList,
+    TaskSummary,
+    ToolBody,
+    ToolCall,
+    ToolList,
+    TurnBody,
+    TurnDone,
+    TurnError,
+    TurnStarted,
+    from_agent,
+    from_observation,
+    from_run,
+    from_session,
+)
+
+__all__ = [
+    "ApiOptions",
+    "ApiState",
+    "ExecutorFactory",
+    "RuntimeFactory",
+    "create_app",
+]
+
+log = logging.getLogger("serve.api")
+
+RuntimeFactory = Callable[[], Awaitable[Runtime]]
+"""Opens the runtime the app serves (called once, at start-up, in the serving process)."""
+
+ExecutorFactory = Callable[[Runtime], "Executor | Awaitable[Executor]"]
+"""Builds the executor for the opened runtime (e.g. ``InProcessExecutor``)."""
+
+MAX_CONTACT_CONTEXT_BYTES = 8192
+MAX_WAIT_S = 60.0
+
+
+class ApiOptions(BaseSettings):
+    """How the API is served. Every field can be set by environment (``CORTEX_API_<FIELD>``)."""
+
+    model_config = SettingsConfigDict(env_prefix="CORTEX_API_", extra="ignore")
+
+    host: str = Field(default="127.0.0.1", description="bind address; 0.0.0.0 exposes it")
+    port: int = Field(default=8000, ge=1, le=65535)
+    max_body_bytes: int = Field(
+        default=1024 * 1024, ge=1024, description="larger request bodies get 413"
+    )
+    docs: bool = Field(default=True, description="serve /docs (Swagger UI)")
+    num_replicas: int = Field(
+        default=1,
+        ge=1,
+        description="Serve replicas of the API; keep 1 with the in-process executor",
+    )
+    max_ongoing_requests: int = Field(
+        default=100, ge=1, description="concurrent requests per replica (SSE streams count)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ApiState:
+    """What the routes use: the open runtime and the executor."""
+
+    runtime: Runtime
+    executor: Executor
+
+
+@runtime_checkable
+class _RunWaiter(Protocol):
+    """Executors that can wait for a run to end (``actors.SessionManager``); not part of
+    the ``Executor`` protocol (yet)."""
+
+    async def wait_run(self, org_id: str, run_id: UUID) -> object: ...
+
+
+def _waiter(executor: Executor, org: str, run_id: UUID) -> Awaitable[object] | None:
+    """Something to await until the run ends, if the executor offers it."""
+    if isinstance(executor, _RunWaiter):
+        return executor.wait_run(org, run_id)
+    if isinstance(executor, InProcessExecutor):
+        return executor.wait(run_id)
+    return None
+
+
+async def _open_runtime(source: Runtime | Settings | RuntimeFactory | None) -> Runtime:
+    if isinstance(source, Runtime):
+        return source
+    if source is None or isinstance(source, Settings):
+        return await Runtime.open(source)
+    return await source()
+
+
+async def _build_executor(source: Executor | ExecutorFactory | None, runtime: Runtime) -> Executor:
+    if source is None:
+        return InProcessExecutor(runtime)
+    if isinstance(source, Executor):
+        return source
+    made = source(runtime)
+    return await made if inspect.isawaitable(made) else made
+
+
+async def _aclose(thing: object) -> None:
+    close = getattr(thing, "aclose", None)
+    if close is not None:
+        result = close()
+        if inspect.isawaitable(result):
+            await result
+
+
+# dependencies ----------------------------------------------------------------------------
+
+
+def _state(request: Request) -> ApiState:
+    state: ApiState | None = getattr(request.app.state, "api", None)
+    if state is None:
+        raise ApiProblem(503, "the runtime is not open yet")
+    return state
+
+
+StateDep = Annotated[ApiState, Depends(_state)]
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="apiKey",
+    description="An API key from `cortex-ray api-keys create`: `Authorization: Bearer crx_…`",
+)
+
+
+async def _authenticate(
+    state: StateDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    if credentials is None:
+        raise ApiProblem(
+            401,
+            "missing API key: send 'Authorization: Bearer <key>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    principal = await state.runtime.store.principal_for_api_key(credentials.credentials)
+    if principal is None:
+        raise ApiProblem(
+            401,
+            "unknown or revoked API key",
+            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        )
+    return principal
+
+
+OrgPath = Annotated[str, Path(pattern=ORG_PATTERN, description="the organisation (tenant) id")]
+
+
+async def _member(
+    org: OrgPath, principal: Annotated[Principal, Depends(_authenticate)]
+) -> Principal:
+    # 404, not 403: to a principal of another organisation, nothing exists there.
+    if principal.org_id != org:
+        raise ApiProblem(404, f"organisation {org!r} not found")
+    return principal
+
+
+MemberDep = Annotated[Principal, Depends(_member)]
+AgentRef = Annotated[
+    str, Path(pattern=r"^[^\x00]{1,200}$", description="the agent's id or its name")
+]
+ToolName = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")]
+
+
+def _require_admin(principal: Principal, what: str) -> None:
+    if not principal.is_admin:
+        raise ApiProblem(403, f"only an admin principal may {what}")
+
+
+async def _session_for(
+    state: ApiState, org: str, session_id: UUID, principal: Principal, *, admin_ok: bool
+) -> Session:
+    session = await state.runtime.store.get_session(org, session_id)
+    if session.caller_id != principal.id and not (admin_ok and principal.is_admin):
+        raise ApiProblem(403, "this session belongs to another caller")
+    return session
+
+
+async def _own_open_session(
+    state: StateDep, org: OrgPath, session_id: UUID, principal: MemberDep
+) -> Session:
+    """The session a message goes to: the caller's own, and still open. Checked before the
+    event stream starts, so a refusal is an ordinary JSON error response."""
+    session = await _session_for(state, org, session_id, principal, admin_ok=False)
+    if session.status is not SessionStatus.OPEN:
+        raise ApiProblem(409, f"session {session_id} has ended")
+    return session
+
+
+def _sse(event: str, body: Any) -> ServerSentEvent:
+    data = body.model_dump(mode="json", by_alias=True) if hasattr(body, "model_dump") else body
+    return ServerSentEvent(event=event, data=data)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    # A turn (or wait) outlives its request when the client goes away; mark its error as
+    # retrieved (the request reports it when still there) so asyncio does not warn.
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.debug("background %s ended with %r", task, error)
+
+
+async def _wait_terminal(state: ApiState, org: str, run: TaskRun, wait_s: float) -> TaskRun:
+    """Wait up to ``wait_s`` for a RUNNING run to end (long poll)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    waiter = _waiter(state.executor, org, run.id)
+    if waiter is not None:
+        # Shielded: a timeout here must never cancel the run itself.
+        waiting = asyncio.ensure_future(waiter)
+        waiting.add_done_callback(_retrieve)
+        try:
+            async with asyncio.timeout(wait_s):
+                await asyncio.shield(waiting)
+        except TimeoutError:
+            pass
+        run = await state.runtime.store.get_run(org, run.id)
+    delay = 0.01
+    # Driven elsewhere (another replica, a session actor): poll the ledger with back-off.
+    while run.status is RunStatus.RUNNING and (left := deadline - loop.time()) > 0:
+        await asyncio.sleep(min(delay, left))
+        delay = min(delay * 2, 0.25)
+        run = await state.runtime.store.get_run(org, run.id)
+    return run
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ApiError, "description": text}
+    for status, text in (
+        (401, "no valid API key"),
+        (404, "not found in this organisation (or another organisation's path)"),
+        (422, "invalid request"),
+    )
+}
+
+
+# the app ---------------------------------------------------------------------------------
+
+
+class _Api(FastAPI):
+    """FastAPI, refusing a declared oversized body with the JSON error body before any of it
+    is read. (A body without ``Content-Length`` is counted as it streams in, by FastAPI's
+    ``max_body_size``, which raises the 413 that ``install_error_handlers`` renders; for a
+    declared length Starlette would answer in plain text.)"""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.max_body_size is not None:
+            declared = Headers(scope=scope).get("content-length", "")
+            if declared.isdigit() and int(declared) > self.max_body_size:
+                response = error_response(
+                    413,
+                    f"the request body is larger than this server accepts "
+                    f"({self.max_body_size} bytes)",
+                )
+                await response(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(
+    runtime: Runtime | Settings | RuntimeFactory | None = None,
+    executor: Executor | ExecutorFactory | None = None,
+    *,
+    options: ApiOptions | None = None,
+) -> FastAPI:
+    """Build the HTTP API.
+
+    Args:
+        runtime: An open ``Runtime`` (the caller closes it), or ``Settings`` / a factory
+            (or ``None``: settings from the environment) to open one at start-up and close at
+            shutdown, in the serving process.
+        executor: Drives runs and turns. An ``Executor`` is used as given (the caller closes
+            it); a factory gets the opened runtime; ``None`` means an ``InProcessExecutor``.
+            Either of the last two is closed at shutdown.
+        options: Limits and serving options (default: from ``CORTEX_API_*``).
+    """
+    opts = options or ApiOptions()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            state: ApiState | None = getattr(app.state, "api", None)
+            if state is None:
+                opened = await _open_runtime(runtime)
+                if opened is not runtime:
+                    stack.push_async_callback(opened.close)
+                made = await _build_executor(executor, opened)
+                if made is not executor:
+                    stack.push_async_callback(_aclose, made)
+                app.state.api = state = ApiState(opened, made)
+            elif executor is None:
+                stack.push_async_callback(_aclose, state.executor)
+            log.info("cortex-ray API ready (executor: %s)", type(state.executor).__name__)
+            try:
+                yield
+            finally:
+                app.state.api = None
+
+    app = _Api(
+        title="cortex-ray",
+        version=cortex_ray.__version__,
+        summary="A CoALA agent runtime: tasks, agents, sessions, tools and memory.",
+        lifespan=lifespan,
+        max_body_size=opts.max_body_bytes,
+        docs_url="/docs" if opts.docs else None,
+        redoc_url=None,
+        generate_unique_id_function=lambda route: route.name,
+    )
+    app.state.api = None
+    if isinstance(runtime, Runtime) and (executor is None or isinstance(executor, Executor)):
+        # Usable at once, also by a client that does not run the ASGI lifespan.
+        app.state.api = ApiState(runtime, executor or InProcessExecutor(runtime))
+    install_error_handlers(app)
+    app.include_router(_health_router())
+    app.include_router(_me_router())
+    app.include_router(_org_router())
+    return app
+
+
+def _health_router() -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/healthz", response_model=Health)
+    async def healthz() -> Health:
+        """Liveness: the process answers. Open (no key)."""
+        return Health(status="ok")
+
+    @router.get(
+        "/readyz",
+        response_model=Health,
+        responses={503: {"model": ApiError, "description": "not ready"}},
+    )
+    async def readyz(request: Request) -> Health:
+        """Readiness: the runtime is open and the database answers. Open (no key)."""
+        state = _state(request)
+        try:
+            async with asyncio.timeout(5):
+                async with state.runtime.db.connection() as conn:
+                    await conn.execute("SELECT 1")
+        except Exception as exc:
+            raise ApiProblem(503, f"the database does not answer: {type(exc).__name__}") from exc
+        return Health(status="ready")
+
+    return router
+
+
+def _me_router() -> APIRouter:
+    router = APIRouter(prefix="/api", tags=["principals"], responses={401: _ERRORS[401]})
+
+    @router.get("/me", response_model=PrincipalBody, response_model_by_alias=True)
+    async def whoami(principal: Annotated[Principal, Depends(_authenticate)]) -> PrincipalBody:
+        """The principal the API key belongs to (and so its organisation)."""
+        return PrincipalBody.of(principal)
+
+    return router
+
+
+def _org_router() -> APIRouter:
+    router = APIRouter(
+        prefix="/api/orgs/{org}",
+        dependencies=[Depends(_member)],
+        responses=dict(_ERRORS),
+    )
+
+    # agents ------------------------------------------------------------------------------
+
+    @router.get("/agents", response_model=AgentList, tags=["agents"])
+    async def list_agents(state: StateDep, org: OrgPath, principal: MemberDep) -> AgentList:
+        """The organisation's agents."""
+        agents = await state.runtime.store.list_agents(org)
+        return AgentList(agents=[from_agent(a) for a in agents])
+
+    @router.post(
+        "/agents",
+        response_model=AgentBody,
+        status_code=201,
+        tags=["agents"],
+        responses={403: {"model": ApiError, "description": "not an admin"}},
+    )
+    async def create_agent(
+        state: StateDep, org: OrgPath, principal: MemberDep, body: AgentCreate
+    ) -> AgentBody:
+        """Create an agent (admin only). Default tools: every built-in; default grant: its tools."""
+        _require_admin(principal, "create agents")
+        agent = await state.runtime.create_agent(
+            org,
+            body.name,
+            persona=body.persona,
+            mode=body.mode,
+            tools=body.tools,
+            skills=body.skills,
+            grant=None if body.grant is None else body.grant.to_grant(),
+        )
+        return from_agent(agent)
+
+    @router.get("/agents/{agent_ref}", response_model=AgentBody, tags=["agents"])
+    async def get_agent(
+        state: StateDep, org: OrgPath, principal: MemberDep, agent_ref: AgentRef
+    ) -> AgentBody:
+        """One agent, by id or name."""
+        return from_agent(await state.runtime.store.get_agent(org, agent_ref))
+
+    @router.patch(
+        "/agents/{agent_ref}",
+        response_model=AgentBody,
+        tags=["agents"],
+        responses={403: {"model": ApiError, "description": "not an admin"}},
+    )
+    async def update_agent(
+        state: StateDep, org: OrgPath, principal: MemberDep, agent_ref: AgentRef, body: AgentUpdate
+    ) -> AgentBody:
+        """Change an agent's mode, persona, tools, skills or grant (admin only)."""
+        _require_admin(principal, "change agents")
+        runtime = state.runtime
+        agent = await runtime.store.get_agent(org, agent_ref)
+        given = body.model_fields_set
+        update: dict[str, Any] = {}
+        if "tools" in given and body.tools is not None:
+            unknown = [t for t in body.tools if runtime.registry.get(t) is None]
+            if unknown:
+                raise ApiProblem(422, f"unknown tools: {', '.join(unknown)}")
+            update["tools"] = tuple(body.tools)
+        if "persona" in given:
+            update["persona"] = body.persona
+        if "mode" in given:
+            update["mode"] = body.mode
+        if "skills" in given and body.skills is not None:
+            update["skills"] = tuple(body.skills)
+        if "grant" in given:
+            update["grant"] = None if body.grant is None else body.grant.to_grant()
+        changed = await runtime.store.update_agent(agent.model_copy(update=update))
+        return from_agent(changed)
+
+    # memory ------------------------------------------------------------------------------
+
+    def _check_memory_access(state: ApiState, agent: Agent, principal: Principal) -> None:
+        """Admins, or a caller who (with this agent) may use the ``memory_search`` tool."""
+        if principal.is_admin:
+            return
+        registry = state.runtime.registry
+        tool = registry.get("memory_search")
+        category = registry.classifier.classify(tool if tool is not None else "memory_search")
+        decision = state.runtime.access.decide(
+            agent, principal, "memory_search", category, mode=AgentMode.INTERACTIVE
+        )
+        if not decision.allowed:
+            raise ApiProblem(403, f"memory search denied: {decision.reason}")
+
+    @router.get(
+        "/agents/{agent_ref}/memory",
+        response_model=MemorySearch,
+        tags=["memory"],
+        responses={403: {"model": ApiError, "description": "memory_search not granted"}},
+    )
+    async def search_memory(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        agent_ref: AgentRef,
+        query: Annotated[str, Query(pattern=r"^[^\x00]{1,2000}$")],
+        k: Annotated[int, Query(ge=1, le=50)] = 5,
+        kind: Annotated[list[MemoryKind] | None, Query(max_length=3)] = None,
+        valid_at: Annotated[AwareDatetime | None, Query(alias="validAt")] = None,
+        known_at: Annotated[AwareDatetime | None, Query(alias="knownAt")] = None,
+    ) -> MemorySearch:
+        """Recall an agent's long-term memory: α·similarity + β·recency + γ·importance.
+
+        Allowed to admins and to callers granted ``memory_search`` (with this agent).
+        ``validAt``/``knownAt`` read as of a time (valid time, record time)."""
+        agent = await state.runtime.store.get_agent(org, agent_ref)
+        _check_memory_access(state, agent, principal)
+        hits = await state.runtime.memory.recall(
+            org_id=org,
+            agent_id=agent.id,
+            query=query,
+            k=k,
+            kinds=kind or None,
+            valid_at=valid_at,
+            known_at=known_at,
+        )
+        return MemorySearch(agent_id=agent.id, query=query, results=[MemoryHit.of(h) for h in hits])
+
+    @router.get(
+        "/agents/{agent_ref}/memory/facts",
+        response_model=FactList,
+        tags=["memory"],
+        responses={403: {"model": ApiError, "description": "memory_search not granted"}},
+    )
+    async def list_facts(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        agent_ref: AgentRef,
+        valid_at: Annotated[AwareDatetime | None, Query(alias="validAt")] = None,
+        known_at: Annotated[AwareDatetime | None, Query(alias="knownAt")] = None,
+    ) -> FactList:
+        """The agent's semantic facts (latest per subject, or as of a time)."""
+        agent = await state.runtime.store.get_agent(org, agent_ref)
+        _check_memory_access(state, agent, principal)
+        facts = await state.runtime.memory.facts(
+            org_id=org, agent_id=agent.id, valid_at=valid_at, known_at=known_at
+        )
+        return FactList(agent_id=agent.id, facts=[MemoryBody.of(f) for f in facts])
+
+    # tasks -------------------------------------------------------------------------------
+
+    @router.post("/tasks", response_model=TaskAccepted, status_code=202, tags=["tasks"])
+    async def create_task(
+        state: StateDep, org: OrgPath, principal: MemberDep, body: TaskCreate, response: Response
+    ) -> TaskAccepted:
+        """Start an autonomous run of an AUTONOMOUS agent; poll the returned location.
+
+        The objective is the payload's first non-empty goal, objective, instructions or
+        description; ``contactContext`` is appended to it as JSON."""
+        payload = body.payload
+        goal = payload.objective_text()
+        if goal is None:
+            raise ApiProblem(
+                422, "payload needs a non-empty goal, objective, instructions or description"
+            )
+        if payload.contact_context:
+            context = json.dumps(payload.contact_context, ensure_ascii=False, sort_keys=True)
+            if len(context.encode()) > MAX_CONTACT_CONTEXT_BYTES:
+                raise ApiProblem(
+                    422,
+                    f"payload.contactContext: at most {MAX_CONTACT_CONTEXT_BYTES} bytes as JSON",
+                )
+            goal = f"{goal}\n\nContact context (JSON): {context}"
+        run = await state.runtime.start_run(
+            org,
+            body.agent_id,
+            goal,
+            max_steps=payload.max_steps,
+            name=body.name,
+            caller_id=payload.caller_user_id or principal.id,
+        )
+        await state.executor.start_run(org, run.id)
+        location = f"/api/orgs/{org}/tasks/{run.id}"
+        response.headers["Location"] = location
+        return TaskAccepted(
+            id=run.id,
+            status=run.status,
+            agent_id=run.agent_id,
+            max_steps=run.max_steps,
+            location=location,
+        )
+
+    @router.get("/tasks", response_model=TaskList, tags=["tasks"])
+    async def list_tasks(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        agent_id: Annotated[str | None, Query(alias="agentId", pattern=r"^[^\x00]{1,200}$")] = None,
+        limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    ) -> TaskList:
+        """Recent task runs, newest first (without their step logs)."""
+        agent_key = (await state.runtime.store.get_agent(org, agent_id)).id if agent_id else None
+        runs = await state.runtime.store.list_runs(org, agent_key, limit=limit)
+        return TaskList(tasks=[from_run(r, with_steps=False) for r in runs])
+
+    @router.get("/tasks/{task_id}", response_model=TaskBody, tags=["tasks"])
+    async def get_task(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        task_id: UUID,
+        wait: Annotated[
+            float,
+            Query(
+                ge=0,
+                le=MAX_WAIT_S,
+                description="seconds to wait for a RUNNING run to end before answering",
+            ),
+        ] = 0,
+    ) -> TaskSummary:
+        """A task run: status (RUNNING, COMPLETED, FAILED), its step log and its result."""
+        run = await state.runtime.store.get_run(org, task_id)
+        if run.status is RunStatus.RUNNING and wait > 0:
+            run = await _wait_terminal(state, org, run, wait)
+        return from_run(run)
+
+    # sessions ----------------------------------------------------------------------------
+
+    @router.post("/sessions", response_model=SessionBody, status_code=201, tags=["sessions"])
+    async def create_session(
+        state: StateDep, org: OrgPath, principal: MemberDep, body: SessionCreate
+    ) -> SessionBody:
+        """Open a conversation between the caller and an INTERACTIVE agent."""
+        session = await state.runtime.open_session(org, body.agent_id, principal)
+        return from_session(session)
+
+    @router.get(
+        "/sessions/{session_id}",
+        response_model=SessionBody,
+        tags=["sessions"],
+        responses={403: {"model": ApiError, "description": "another caller's session"}},
+    )
+    async def get_session(
+        state: StateDep, org: OrgPath, principal: MemberDep, session_id: UUID
+    ) -> SessionBody:
+        """A session (its caller, or an admin)."""
+        return from_session(await _session_for(state, org, session_id, principal, admin_ok=True))
+
+    @router.get(
+        "/sessions/{session_id}/messages",
+        response_model=MessageList,
+        tags=["sessions"],
+        responses={403: {"model": ApiError, "description": "another caller's session"}},
+    )
+    async def list_messages(
+        state: StateDep, org: OrgPath, principal: MemberDep, session_id: UUID
+    ) -> MessageList:
+        """The conversation so far (its caller, or an admin)."""
+        await _session_for(state, org, session_id, principal, admin_ok=True)
+        turns = await state.runtime.store.conversation(org, session_id)
+        return MessageList(session_id=session_id, messages=[TurnBody.of(t) for t in turns])
+
+    @router.post(
+        "/sessions/{session_id}/messages",
+        response_class=EventSourceResponse,
+        tags=["sessions"],
+        responses={
+            200: {
+                "description": "Server-sent events: `started`, then when the turn has run, "
+                "one `observation` per tool call, then `reply` or `refused`, then `done` "
+                "(or `error`)."
+            },
+            403: {"model": ApiError, "description": "another caller's session"},
+            409: {"model": ApiError, "description": "the session has ended"},
+        },
+    )
+    async def post_message(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        session: Annotated[Session, Depends(_own_open_session)],
+        body: MessageCreate,
+    ) -> AsyncIterator[ServerSentEvent]:
+        """Send a message; the turn's events come back as server-sent events.
+
+        Turns of one session run one at a time, in arrival order. The turn runs to the end
+        even if the client disconnects (its messages are then in the history)."""
+        turn = asyncio.ensure_future(state.executor.turn(org, session.id, principal, body.message))
+        turn.add_done_callback(_retrieve)
+        yield _sse("started", TurnStarted(session_id=session.id))
+        try:
+            result = await asyncio.shield(turn)
+        except Exception as exc:
+            # The stream has started (200): the refusal travels as an event with the status
+            # the request would otherwise have got.
+            status, code, message = status_of(exc)
+            if status == 500:
+                log.error("turn of session %s failed", session.id, exc_info=exc)
+            yield _sse("error", TurnError(status=status, code=code, message=message))
+            return
+        for observation in result.observations:
+            yield _sse("observation", from_observation(observation))
+        if result.reply is not None:
+            yield _sse("reply", {"message": result.reply})
+        else:
+            yield _sse("refused", {"reason": result.refused or "no reply"})
+        yield _sse(
+            "done",
+            TurnDone(
+                session_id=session.id,
+                reply=result.reply,
+                refused=result.refused,
+                observations=len(result.observations),
+            ),
+        )
+
+    @router.post(
+        "/sessions/{session_id}/end",
+        response_model=SessionEnded,
+        tags=["sessions"],
+        responses={403: {"model": ApiError, "description": "another caller's session"}},
+    )
+    async def end_session(
+        state: StateDep, org: OrgPath, principal: MemberDep, session_id: UUID
+    ) -> SessionEnded:
+        """End a session (its caller, or an admin); the extraction pass writes facts.
+        Ending an ended session changes nothing."""
+        await _session_for(state, org, session_id, principal, admin_ok=True)
+        facts = await state.executor.end_session(org, session_id)
+        session = await state.runtime.store.get_session(org, session_id)
+        return SessionEnded(session=from_session(session), facts=[MemoryBody.of(f) for f in facts])
+
+    # tools -------------------------------------------------------------------------------
+
+    @router.get("/tools", response_model=ToolList, tags=["tools"])
+    async def list_tools(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        agent_id: Annotated[str | None, Query(alias="agentId", pattern=r"^[^\x00]{1,200}$")] = None,
+    ) -> ToolList:
+        """Every tool of this server, or (with ``agentId``) what the caller may use with
+        that agent: the agent's grant ∩ the caller's grant."""
+        runtime = state.runtime
+        if agent_id is None:
+            tools = (runtime.registry.get(name) for name in runtime.registry.names())
+            specs = [runtime.registry.spec(tool) for tool in tools if tool is not None]
+        else:
+            agent = await runtime.store.get_agent(org, agent_id)
+            specs = runtime.dispatcher.action_space(agent, principal, AgentMode.INTERACTIVE)
+        return ToolList(tools=[ToolBody.of(s) for s in specs])
+
+    @router.post(
+        "/tools/{tool_name}",
+        response_model=ObservationBody,
+        tags=["tools"],
+    )
+    async def call_tool(
+        state: StateDep, org: OrgPath, principal: MemberDep, tool_name: ToolName, body: ToolCall
+    ) -> ObservationBody:
+        """Call a tool directly, as the caller, through the invocation gate (schema check,
+        agent grant ∩ caller grant, hooks, limits, audit). The gate's verdict is the
+        observation's ``status``: OK, REFUSED (with the reason), ERROR or TIMEOUT."""
+        if state.runtime.registry.get(tool_name) is None:
+            raise ApiProblem(404, f"unknown tool {tool_name!r}")
+        observation = await state.runtime.invoke_tool(
+            org, body.agent_id, principal, tool_name, body.args
+        )
+        return from_observation(observation)
+
+    return router

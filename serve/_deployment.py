@@ -1,0 +1,135 @@
+"""The API as a Ray Serve ingress deployment, and a way to run it on this machine.
+
+The FastAPI app is built in the replica (``__serve_build_asgi_app__``), not pickled from the
+driver: the runtime (database pool, models) opens there, in the app's lifespan, and closes
+when the replica stops. What crosses from the driver is only the recipe: ``Settings`` or a
+picklable runtime factory, an executor factory, and the ``ApiOptions``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI
+
+from cortex_ray import Settings
+from cortex_ray.storage import EmbeddedPostgres
+from serve._app import ApiOptions, ExecutorFactory, RuntimeFactory, create_app
+
+try:
+    from ray import serve as ray_serve
+    from ray.serve import Application, Deployment
+    from ray.serve.handle import DeploymentHandle
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("the HTTP API on Ray Serve needs Ray: pip install 'cortex-ray[ray]'") from exc
+
+__all__ = ["DEFAULT_APP_NAME", "ApiIngress", "LocalApi", "app_builder", "build_api", "run_local"]
+
+log = logging.getLogger("serve.api")
+
+DEFAULT_APP_NAME = "cortex-api"
+
+
+class _ApiReplica:
+    """The HTTP API's Serve deployment (``ApiIngress``): one FastAPI app per replica.
+
+    Args:
+        runtime: ``Settings`` (``None``: from ``CORTEX_*`` in the replica's environment) or a
+            picklable async factory returning an open ``Runtime``.
+        executor: A picklable factory ``Runtime -> Executor``; ``None``: ``InProcessExecutor``.
+        options: ``ApiOptions`` (``None``: from ``CORTEX_API_*`` in the replica).
+    """
+
+    def __init__(
+        self,
+        runtime: Settings | RuntimeFactory | None = None,
+        executor: ExecutorFactory | None = None,
+        options: ApiOptions | None = None,
+    ) -> None:
+        self._runtime = runtime
+        self._executor = executor
+        self._options = options
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return create_app(self._runtime, self._executor, options=self._options)
+
+
+ApiIngress: Deployment = ray_serve.deployment(name="CortexApi")(ray_serve.ingress()(_ApiReplica))
+"""The Serve deployment of the API (``ApiIngress.bind(runtime, executor, options)``)."""
+
+
+def build_api(
+    runtime: Settings | RuntimeFactory | None = None,
+    executor: ExecutorFactory | None = None,
+    *,
+    options: ApiOptions | None = None,
+) -> Application:
+    """The API as a Serve application (``serve.run(build_api(...))``)."""
+    opts = options or ApiOptions()
+    deployment = ApiIngress.options(
+        num_replicas=opts.num_replicas, max_ongoing_requests=opts.max_ongoing_requests
+    )
+    return deployment.bind(runtime, executor, opts)
+
+
+def app_builder(args: dict[str, Any]) -> Application:
+    """For ``serve run serve:app_builder`` and Serve config files: settings from the
+    replica's environment (``CORTEX_*``, ``CORTEX_API_*``); no arguments are read."""
+    if args:
+        log.warning("serve.app_builder ignores its arguments: %s", sorted(args))
+    return build_api()
+
+
+@dataclass
+class LocalApi:
+    """The API running on this machine's Ray: where it listens, and how to stop it."""
+
+    url: str
+    name: str
+    handle: DeploymentHandle[Any]
+    embedded: EmbeddedPostgres | None = field(default=None, repr=False)
+
+    def stop(self) -> None:
+        """Delete the Serve application (and stop the embedded PostgreSQL it started)."""
+        ray_serve.delete(self.name)
+        if self.embedded is not None:
+            self.embedded.stop()
+            self.embedded = None
+
+
+def run_local(
+    runtime: Settings | RuntimeFactory | None = None,
+    executor: ExecutorFactory | None = None,
+    *,
+    options: ApiOptions | None = None,
+    name: str = DEFAULT_APP_NAME,
+    route_prefix: str = "/",
+) -> LocalApi:
+    """Start Serve's HTTP proxy on ``options.host:options.port`` (127.0.0.1:8000 unless
+    configured) and deploy the API there; returns once it is ready.
+
+    Ray is started (``ray.init()``) if this process is not connected yet. With settings that
+    name no database, the embedded PostgreSQL is started here, in the driver, and its DSN
+    handed to the replicas, so every process of the stack shares one server.
+    """
+    opts = options or ApiOptions()
+    embedded: EmbeddedPostgres | None = None
+    if runtime is None:
+        runtime = Settings()
+    if isinstance(runtime, Settings) and not runtime.database_url:
+        embedded = EmbeddedPostgres(runtime.data_dir / "pg")
+        runtime = runtime.model_copy(update={"database_url": embedded.dsn})
+    try:
+        ray_serve.start(http_options={"host": opts.host, "port": opts.port})
+        handle = ray_serve.run(
+            build_api(runtime, executor, options=opts), name=name, route_prefix=route_prefix
+        )
+    except BaseException:
+        if embedded is not None:
+            embedded.stop()
+        raise
+    host = "127.0.0.1" if opts.host in ("0.0.0.0", "::") else opts.host
+    prefix = "" if route_prefix == "/" else route_prefix
+    return LocalApi(f"http://{host}:{opts.port}{prefix}", name, handle, embedded)

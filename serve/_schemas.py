@@ -1,0 +1,642 @@
+"""The HTTP API's request and response bodies: camelCase JSON, unknown fields refused.
+
+Requests are validated here, before anything reaches the runtime; responses are built from
+the core's types by the ``from_*`` functions. Free text may not contain NUL characters or
+lone surrogates (PostgreSQL cannot store them), anywhere in a body, free-form objects
+included.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic.alias_generators import to_camel
+
+from cortex_ray import (
+    ActionType,
+    Agent,
+    AgentAction,
+    AgentMode,
+    Candidate,
+    DecisionKind,
+    Grant,
+    MemoryKind,
+    MemoryRecord,
+    Observation,
+    ObservationStatus,
+    Principal,
+    PrincipalKind,
+    RunStatus,
+    ScoredMemory,
+    Session,
+    SessionStatus,
+    Step,
+    TaskRun,
+    ToolSpec,
+    Turn,
+)
+
+__all__ = [
+    "ORG_PATTERN",
+    "AgentBody",
+    "AgentCreate",
+    "AgentList",
+    "AgentUpdate",
+    "ApiError",
+    "ErrorBody",
+    "ErrorDetail",
+    "FactList",
+    "GrantBody",
+    "Health",
+    "MemoryBody",
+    "MemoryHit",
+    "MemorySearch",
+    "MessageCreate",
+    "MessageList",
+    "ObservationBody",
+    "PrincipalBody",
+    "SessionBody",
+    "SessionCreate",
+    "SessionEnded",
+    "StepBody",
+    "TaskAccepted",
+    "TaskBody",
+    "TaskCreate",
+    "TaskList",
+    "TaskPayload",
+    "TaskSummary",
+    "ToolBody",
+    "ToolCall",
+    "ToolList",
+    "TurnBody",
+    "TurnDone",
+    "TurnError",
+    "TurnStarted",
+    "from_agent",
+    "from_observation",
+    "from_run",
+    "from_session",
+    "has_bad_text",
+]
+
+ORG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+"""Organisation ids, as the ``organisations`` table's CHECK constraint allows them."""
+
+MAX_TEXT = 20_000
+MAX_JSON_DEPTH = 32
+
+
+def _clean(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("text must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+def has_bad_text(value: Any, depth: int = 0) -> str | None:
+    """Why a free-form JSON value cannot be stored (NUL, lone surrogate, too deep), or None."""
+    if depth > MAX_JSON_DEPTH:
+        return f"nested deeper than {MAX_JSON_DEPTH} levels"
+    items: list[Any]
+    if isinstance(value, str):
+        items = []
+        try:
+            _clean(value)
+        except ValueError as exc:
+            return str(exc)
+    elif isinstance(value, dict):
+        for key in value:
+            if (reason := has_bad_text(key, depth + 1)) is not None:
+                return reason
+        items = list(value.values())
+    elif isinstance(value, list):
+        items = value
+    else:
+        return None
+    for item in items:
+        if (reason := has_bad_text(item, depth + 1)) is not None:
+            return reason
+    return None
+
+
+def _clean_json(value: dict[str, Any]) -> dict[str, Any]:
+    reason = has_bad_text(value)
+    if reason is not None:
+        raise ValueError(reason)
+    return value
+
+
+Text = Annotated[str, AfterValidator(_clean)]
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_clean)]
+LongText = Annotated[str, Field(max_length=MAX_TEXT), AfterValidator(_clean)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_clean_json)]
+
+
+class _Body(BaseModel):
+    """Requests: camelCase on the wire, unknown fields are an error."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class _Out(BaseModel):
+    """Responses: camelCase on the wire."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+# errors ----------------------------------------------------------------------------------
+
+
+class ErrorDetail(_Out):
+    """One reason a request was refused (validation errors name the field)."""
+
+    loc: list[str | int] = Field(default_factory=list, description="where: body, query, path")
+    msg: str
+    type: str = ""
+
+
+class ErrorBody(_Out):
+    code: str = Field(description="a stable machine-readable code, e.g. not_found")
+    message: str = Field(description="what went wrong, for a person")
+    details: list[ErrorDetail] = Field(default_factory=list)
+
+
+class ApiError(_Out):
+    """The body of every 4xx and 5xx response."""
+
+    error: ErrorBody
+
+
+# health ----------------------------------------------------------------------------------
+
+
+class Health(_Out):
+    status: Literal["ok", "ready"]
+
+
+# principals ------------------------------------------------------------------------------
+
+
+class GrantBody(_Body):
+    """What a principal may invoke: tool names (``"*"`` for all) and whole action types."""
+
+    tools: list[Name] = Field(default_factory=list, max_length=256)
+    action_types: list[ActionType] = Field(default_factory=list, max_length=4)
+
+    def to_grant(self) -> Grant:
+        return Grant(tools=frozenset(self.tools), action_types=frozenset(self.action_types))
+
+
+def _grant_body(grant: Grant | None) -> GrantBody | None:
+    if grant is None:
+        return None
+    return GrantBody(tools=sorted(grant.tools), action_types=sorted(grant.action_types))
+
+
+class PrincipalBody(_Out):
+    id: str
+    org_id: str
+    kind: PrincipalKind
+    name: str
+    is_admin: bool
+    grant: GrantBody | None
+
+    @classmethod
+    def of(cls, principal: Principal) -> PrincipalBody:
+        return cls(
+            id=principal.id,
+            org_id=principal.org_id,
+            kind=principal.kind,
+            name=principal.name,
+            is_admin=principal.is_admin,
+            grant=_grant_body(principal.grant),
+        )
+
+
+# agents ----------------------------------------------------------------------------------
+
+
+class AgentCreate(_Body):
+    name: Name
+    persona: LongText = ""
+    mode: AgentMode = AgentMode.INTERACTIVE
+    tools: list[Name] | None = Field(
+        default=None, max_length=256, description="tool names; default: every built-in tool"
+    )
+    skills: list[LongText] = Field(default_factory=list, max_length=64)
+    grant: GrantBody | None = Field(
+        default=None, description="default: a grant for exactly the agent's tools"
+    )
+
+
+class AgentUpdate(_Body):
+    """Only the fields given change; ``grant: null`` removes the agent's policy (deny all)."""
+
+    persona: LongText | None = None
+    mode: AgentMode | None = None
+    tools: list[Name] | None = Field(default=None, max_length=256)
+    skills: list[LongText] | None = Field(default=None, max_length=64)
+    grant: GrantBody | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> AgentUpdate:
+        if not self.model_fields_set:
+            raise ValueError("nothing to update: give persona, mode, tools, skills or grant")
+        for field in ("persona", "mode", "tools", "skills"):
+            if field in self.model_fields_set and getattr(self, field) is None:
+                raise ValueError(f"{field} cannot be null")
+        return self
+
+
+class AgentBody(_Out):
+    id: UUID
+    name: str
+    persona: str
+    mode: AgentMode
+    tools: list[str]
+    skills: list[str]
+    grant: GrantBody | None
+    created_at: datetime
+    updated_at: datetime
+
+
+def from_agent(agent: Agent) -> AgentBody:
+    return AgentBody(
+        id=agent.id,
+        name=agent.name,
+        persona=agent.persona,
+        mode=agent.mode,
+        tools=list(agent.tools),
+        skills=list(agent.skills),
+        grant=_grant_body(agent.grant),
+        created_at=agent.created_at,
+        updated_at=agent.updated_at,
+    )
+
+
+class AgentList(_Out):
+    agents: list[AgentBody]
+
+
+# tasks -----------------------------------------------------------------------------------
+
+
+class TaskPayload(_Body):
+    """The task itself. The objective is the first non-empty of goal, objective,
+    instructions, description."""
+
+    goal: LongText | None = None
+    objective: LongText | None = None
+    instructions: LongText | None = None
+    description: LongText | None = None
+    max_steps: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        description="step budget: an integer from 1 to the server's max_steps_limit "
+        "(64 unless configured); default: the server's default_max_steps (8)",
+    )
+    caller_user_id: Name | None = Field(
+        default=None,
+        description="the user the task is run for; recorded as the run's caller "
+        "(default: the authenticated principal)",
+    )
+    contact_context: JsonObject | None = Field(
+        default=None,
+        description="context about the contact the task concerns; given to the agent "
+        "with the objective (at most 8 KiB as JSON)",
+    )
+
+    def objective_text(self) -> str | None:
+        for text in (self.goal, self.objective, self.instructions, self.description):
+            if text is not None and text.strip():
+                return text.strip()
+        return None
+
+
+class TaskCreate(_Body):
+    name: Annotated[str, Field(max_length=200), AfterValidator(_clean)] = ""
+    agent_id: Name = Field(description="the agent's id (or its name)")
+    assignee_kind: Literal["AGENT"] = "AGENT"
+    payload: TaskPayload
+
+
+class TaskAccepted(_Out):
+    id: UUID
+    status: RunStatus
+    agent_id: UUID
+    max_steps: int
+    location: str = Field(description="where to read the run: GET this path")
+
+
+class CandidateBody(_Out):
+    index: int
+    kind: Literal["tool", "finish"]
+    tool: str | None
+    args: dict[str, Any]
+    message: str | None
+    rationale: str
+    score: float | None
+    valid: bool
+    invalid_reason: str | None
+
+
+class ActionBody(_Out):
+    tool: str
+    args: dict[str, Any]
+    action_type: ActionType
+    rationale: str
+
+
+class ObservationBody(_Out):
+    tool: str
+    action_type: ActionType
+    status: ObservationStatus
+    summary: str
+    output: Any = None
+    truncated: bool
+    duration_ms: float
+    step_index: int | None
+
+
+def from_observation(observation: Observation) -> ObservationBody:
+    return ObservationBody(
+        tool=observation.tool,
+        action_type=observation.action_type,
+        status=observation.status,
+        summary=observation.summary,
+        output=observation.output,
+        truncated=observation.truncated,
+        duration_ms=observation.duration_ms,
+        step_index=observation.step_index,
+    )
+
+
+def _action(action: AgentAction) -> ActionBody:
+    return ActionBody(
+        tool=action.tool,
+        args=action.args,
+        action_type=action.action_type,
+        rationale=action.rationale,
+    )
+
+
+def _candidate(c: Candidate) -> CandidateBody:
+    return CandidateBody(
+        index=c.index,
+        kind=c.kind,
+        tool=c.tool,
+        args=c.args,
+        message=c.message,
+        rationale=c.rationale,
+        score=c.score,
+        valid=c.valid,
+        invalid_reason=c.invalid_reason,
+    )
+
+
+class StepBody(_Out):
+    """One propose → evaluate → select → act → observe cycle."""
+
+    index: int
+    decision: DecisionKind
+    candidates: list[CandidateBody] = Field(description="proposals with their scores")
+    selected: int | None = Field(description="index of the chosen candidate")
+    action: ActionBody | None = Field(description="the chosen action (ACT steps)")
+    action_category: ActionType | None
+    observation: ObservationBody | None
+    message: str | None = Field(description="the finish message or reason (FINISH steps)")
+    created_at: datetime
+
+
+def _step(step: Step) -> StepBody:
+    return StepBody(
+        index=step.step_index,
+        decision=step.decision,
+        candidates=[_candidate(c) for c in step.candidates],
+        selected=step.selected,
+        action=None if step.action is None else _action(step.action),
+        action_category=step.action_type,
+        observation=None if step.observation is None else from_observation(step.observation),
+        message=step.message,
+        created_at=step.created_at,
+    )
+
+
+class TaskSummary(_Out):
+    id: UUID
+    name: str
+    agent_id: UUID
+    goal: str
+    status: RunStatus
+    max_steps: int
+    caller_id: str | None
+    result: str | None
+    reason: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class TaskBody(TaskSummary):
+    steps: list[StepBody]
+
+
+def _summary_fields(run: TaskRun) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "name": run.name,
+        "agent_id": run.agent_id,
+        "goal": run.goal,
+        "status": run.status,
+        "max_steps": run.max_steps,
+        "caller_id": run.caller_id,
+        "result": run.result,
+        "reason": run.reason,
+        "created_at": run.created_at,
+        "finished_at": run.finished_at,
+    }
+
+
+def from_run(run: TaskRun, *, with_steps: bool = True) -> TaskBody | TaskSummary:
+    if with_steps:
+        return TaskBody(**_summary_fields(run), steps=[_step(s) for s in run.steps])
+    return TaskSummary(**_summary_fields(run))
+
+
+class TaskList(_Out):
+    tasks: list[TaskSummary]
+
+
+# sessions --------------------------------------------------------------------------------
+
+
+class SessionCreate(_Body):
+    agent_id: Name = Field(description="an INTERACTIVE agent's id (or its name)")
+
+
+class SessionBody(_Out):
+    id: UUID
+    agent_id: UUID
+    caller_id: str
+    status: SessionStatus
+    created_at: datetime
+    ended_at: datetime | None
+
+
+def from_session(session: Session) -> SessionBody:
+    return SessionBody(
+        id=session.id,
+        agent_id=session.agent_id,
+        caller_id=session.caller_id,
+        status=session.status,
+        created_at=session.created_at,
+        ended_at=session.ended_at,
+    )
+
+
+class MessageCreate(_Body):
+    message: Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_clean)]
+
+
+class TurnBody(_Out):
+    role: Literal["user", "assistant", "tool"]
+    content: str
+    tool: str | None
+
+    @classmethod
+    def of(cls, turn: Turn) -> TurnBody:
+        return cls(role=turn.role, content=turn.content, tool=turn.tool)
+
+
+class MessageList(_Out):
+    session_id: UUID
+    messages: list[TurnBody]
+
+
+class TurnStarted(_Out):
+    """SSE ``started``: the turn is queued or running."""
+
+    session_id: UUID
+
+
+class TurnError(_Out):
+    """SSE ``error``: the turn failed; ``status`` is the HTTP status it maps to."""
+
+    status: int
+    code: str
+    message: str
+
+
+class TurnDone(_Out):
+    """SSE ``done``: the turn's outcome, after every other event of the turn."""
+
+    session_id: UUID
+    reply: str | None
+    refused: str | None
+    observations: int
+
+
+# memory ----------------------------------------------------------------------------------
+
+
+class MemoryBody(_Out):
+    id: UUID
+    kind: MemoryKind
+    content: str
+    subject: str | None
+    importance: float
+    valid_from: datetime
+    valid_to: datetime | None
+    recorded_at: datetime
+    superseded_at: datetime | None
+    run_id: UUID | None
+    session_id: UUID | None
+    step_index: int | None
+    metadata: dict[str, Any]
+
+    @classmethod
+    def of(cls, m: MemoryRecord) -> MemoryBody:
+        return cls(
+            id=m.id,
+            kind=m.kind,
+            content=m.content,
+            subject=m.subject,
+            importance=m.importance,
+            valid_from=m.valid_from,
+            valid_to=m.valid_to,
+            recorded_at=m.recorded_at,
+            superseded_at=m.superseded_at,
+            run_id=m.run_id,
+            session_id=m.session_id,
+            step_index=m.step_index,
+            metadata=m.metadata,
+        )
+
+
+class MemoryHit(_Out):
+    memory: MemoryBody
+    similarity: float
+    recency: float
+    importance: float
+    score: float = Field(description="α·similarity + β·recency + γ·importance")
+
+    @classmethod
+    def of(cls, hit: ScoredMemory) -> MemoryHit:
+        return cls(
+            memory=MemoryBody.of(hit.memory),
+            similarity=hit.similarity,
+            recency=hit.recency,
+            importance=hit.importance,
+            score=hit.score,
+        )
+
+
+class MemorySearch(_Out):
+    agent_id: UUID
+    query: str
+    results: list[MemoryHit]
+
+
+class FactList(_Out):
+    agent_id: UUID
+    facts: list[MemoryBody]
+
+
+class SessionEnded(_Out):
+    session: SessionBody
+    facts: list[MemoryBody] = Field(description="semantic facts the extraction pass wrote")
+
+
+# tools -----------------------------------------------------------------------------------
+
+
+class ToolCall(_Body):
+    agent_id: Name = Field(description="the agent whose tool is called (id or name)")
+    args: JsonObject = Field(default_factory=dict)
+
+
+class ToolBody(_Out):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    action_type: ActionType
+
+    @classmethod
+    def of(cls, spec: ToolSpec) -> ToolBody:
+        return cls(
+            name=spec.name,
+            description=spec.description,
+            parameters=spec.parameters,
+            action_type=spec.action_type,
+        )
+
+
+class ToolList(_Out):
+    tools: list[ToolBody]

@@ -1,0 +1,1015 @@
+"""The HTTP API through real HTTP: Ray Serve on a local Ray, the embedded PostgreSQL, a
+scripted model.
+
+One Serve application (``serve.build_api``) runs for the module, its replica opening its own
+``Runtime`` on the test database with the scripted model below. Tests authenticate with API
+keys written straight into the database, and check what was stored through the database
+too. Schemathesis runs twice: in-process against the ASGI app (many examples, fast) and a
+few examples per operation through the Serve HTTP proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import re
+import socket
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import hypothesis
+import hypothesis.errors
+import pytest
+import schemathesis
+from hypothesis import HealthCheck
+from schemathesis import GenerationMode
+
+from cortex_ray import AgentMode, Grant, Principal, Runtime, Settings
+from cortex_ray.memory import HeuristicImportanceScorer
+from cortex_ray.models import ChatRequest, ChatResponse, HashEmbedder, ScriptedModelClient, ToolCall
+from cortex_ray.storage import Database, Store
+from serve import ApiOptions, build_api, create_app
+
+# tests/ is not importable in the Serve replica: ship this module's functions by value.
+pytest.importorskip("ray.cloudpickle").register_pickle_by_value(sys.modules[__name__])
+
+APP_NAME = "cortex-api-test"
+MAX_BODY = 64 * 1024
+OPTIONS = ApiOptions(max_body_bytes=MAX_BODY)
+TABLES = (
+    "agents",
+    "task_runs",
+    "run_steps",
+    "sessions",
+    "session_messages",
+    "memories",
+    "procedural_proposals",
+    "audit_log",
+    "principals",
+    "api_keys",
+    "step_intents",
+)
+
+
+# --- the scripted model (zero latency, deterministic) ---------------------------------------
+
+
+def respond(request: ChatRequest) -> str | ChatResponse:
+    """Answer by the schema asked for. Autonomous: read the clock at step 1 (two candidates,
+    scored), then finish; a goal containing "never finish" reads the clock until the budget
+    ends. Interactive: a message asking for the time calls ``current_time`` first."""
+    props = (request.response_schema or {}).get("properties", {})
+    text = "\n".join(m.content or "" for m in request.messages)
+    if "candidates" in props:
+        if "Step 1 of" in text or "never finish" in text:
+            return json.dumps(
+                {
+                    "candidates": [
+                        {"tool": "current_time", "args": {}, "rationale": "read the clock"},
+                        {"finish": True, "message": "too early", "rationale": "a guess"},
+                    ]
+                }
+            )
+        return json.dumps(
+            {"candidates": [{"finish": True, "message": "It is time.", "rationale": "done"}]}
+        )
+    if "scores" in props:
+        n = int(props["scores"].get("maxItems", 1))
+        return json.dumps({"scores": [9] + [2] * (n - 1)})
+    if "importance" in props:
+        return json.dumps({"importance": 5})
+    if "facts" in props:
+        facts = [{"subject": "name", "fact": "The user is called Ada"}] if "Ada" in text else []
+        return json.dumps({"facts": facts})
+    users = [m.content or "" for m in request.messages if m.role == "user"]
+    asked = next((u for u in reversed(users) if not u.startswith("Progress so far")), "")
+    if request.tools and "time" in asked and "Progress so far" not in text:
+        return ChatResponse(
+            tool_calls=(ToolCall(id="call-1", name="current_time", arguments="{}"),)
+        )
+    return f"You said: {asked[:60]}"
+
+
+async def open_test_runtime(settings: Settings) -> Runtime:
+    return await Runtime.open(
+        settings,
+        model=ScriptedModelClient(responder=respond),
+        embedder=HashEmbedder(384),
+        importance=HeuristicImportanceScorer(),
+    )
+
+
+# --- fixtures ---------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def replica_settings(settings: Settings, db: Database) -> Settings:
+    # The replica is another process: it reaches the embedded server by its DSN.
+    return settings.model_copy(update={"database_url": db.dsn})
+
+
+@pytest.fixture(scope="module")
+def api_url(ray_cluster: Any, replica_settings: Settings) -> Iterator[str]:
+    from ray import serve as ray_serve
+
+    port = _free_port()
+    ray_serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        factory = functools.partial(open_test_runtime, replica_settings)
+        ray_serve.run(build_api(factory, options=OPTIONS), name=APP_NAME, route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        ray_serve.shutdown()
+
+
+@pytest.fixture
+async def client(api_url: str) -> AsyncIterator[httpx2.AsyncClient]:
+    async with httpx2.AsyncClient(base_url=api_url, timeout=30) as c:
+        yield c
+
+
+@dataclass
+class Tenant:
+    org: str
+    admin: str
+    user: str
+    limited: str
+    revoked: str
+
+    @staticmethod
+    def auth(key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+
+async def make_tenant(store: Store, org: str) -> Tenant:
+    await store.ensure_org(org)
+    everything = Grant(tools=frozenset({"*"}))
+
+    async def key(pid: str, *, admin: bool = False, grant: Grant = everything) -> str:
+        principal = Principal(id=pid, org_id=org, name=pid, is_admin=admin, grant=grant)
+        return (await store.create_api_key(principal, f"{pid} key"))[0]
+
+    revoked, revoked_id = await store.create_api_key(
+        Principal(id="gone", org_id=org, is_admin=True, grant=everything), "revoked"
+    )
+    await store.revoke_api_key(org, revoked_id)
+    return Tenant(
+        org=org,
+        admin=await key("admin", admin=True),
+        user=await key("ada"),
+        limited=await key("bob", grant=Grant(tools=frozenset({"current_time"}))),
+        revoked=revoked,
+    )
+
+
+@pytest.fixture
+async def tenant(store: Store, org: str) -> Tenant:
+    return await make_tenant(store, org)
+
+
+async def row_counts(db: Database, org: str) -> dict[str, int]:
+    counts = {}
+    async with db.connection() as conn:
+        for table in TABLES:
+            cur = await conn.execute(f"SELECT count(*) AS n FROM {table} WHERE org_id = %s", (org,))
+            row = await cur.fetchone()
+            assert row is not None
+            counts[table] = row["n"]
+    return counts
+
+
+async def create_agent(
+    client: httpx2.AsyncClient, t: Tenant, name: str, mode: str = "INTERACTIVE", **extra: Any
+) -> dict[str, Any]:
+    r = await client.post(
+        f"/api/orgs/{t.org}/agents",
+        headers=t.auth(t.admin),
+        json={"name": name, "mode": mode, **extra},
+    )
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+async def sse_events(
+    client: httpx2.AsyncClient, url: str, headers: dict[str, str], message: str
+) -> list[tuple[str, Any]]:
+    async with client.stream("POST", url, headers=headers, json={"message": message}) as r:
+        assert r.status_code == 200, await r.aread()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return [(e.event, e.json()) async for e in httpx2.EventSource(r)]
+
+
+def assert_error(r: httpx2.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, (r.status_code, r.text)
+    error = r.json()["error"]
+    assert error["message"]
+    if code is not None:
+        assert error["code"] == code, error
+    return dict(error)
+
+
+def test_serve_all_is_complete() -> None:
+    import serve
+
+    public = {
+        name
+        for name, value in vars(serve).items()
+        if not name.startswith("_") and not isinstance(value, type(serve))
+    }
+    assert set(serve.__all__) == public  # (ruff's RUF022 keeps it sorted)
+
+
+# --- health, whoami -----------------------------------------------------------------------------
+
+
+async def test_health_routes_are_open(client: httpx2.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    assert (await client.get("/readyz")).json() == {"status": "ready"}
+
+
+async def test_me_names_the_keys_principal(client: httpx2.AsyncClient, tenant: Tenant) -> None:
+    r = await client.get("/api/me", headers=tenant.auth(tenant.limited))
+    assert r.status_code == 200
+    assert r.json() == {
+        "id": "bob",
+        "orgId": tenant.org,
+        "kind": "USER",
+        "name": "bob",
+        "isAdmin": False,
+        "grant": {"tools": ["current_time"], "actionTypes": []},
+    }
+
+
+async def test_keys_from_the_command_line_work_until_revoked(
+    client: httpx2.AsyncClient, replica_settings: Settings, org: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORTEX_")}
+    env |= {
+        "CORTEX_DATABASE_URL": str(replica_settings.database_url),
+        "CORTEX_EMBEDDING_BACKEND": "hash",
+    }
+
+    async def cortex(*args: str) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "cortex_ray.cli",
+            "--org",
+            org,
+            *args,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        return out.decode()
+
+    out = await cortex("api-keys", "create", "carol", "--grant", "current_time", "--name", "ci")
+    key = re.search(r"API key \(shown once\): (crx_\S+)", out)
+    key_id = re.search(r"key id: (\S+)", out)
+    assert key and key_id, out
+    me = (await client.get("/api/me", headers=Tenant.auth(key[1]))).json()
+    assert me["id"] == "carol" and me["orgId"] == org and me["isAdmin"] is False
+    assert me["grant"] == {"tools": ["current_time"], "actionTypes": []}
+    await cortex("api-keys", "revoke", key_id[1])
+    assert_error(await client.get("/api/me", headers=Tenant.auth(key[1])), 401)
+
+
+# --- tasks --------------------------------------------------------------------------------------
+
+
+async def test_task_runs_to_completion_with_its_step_log(
+    client: httpx2.AsyncClient, tenant: Tenant
+) -> None:
+    worker = await create_agent(client, tenant, "worker", "AUTONOMOUS")
+    r = await client.post(
+        f"/api/orgs/{tenant.org}/tasks",
+        headers=tenant.auth(tenant.user),
+        json={
+            "name": "clock",
+            "agentId": worker["id"],
+            "assigneeKind": "AGENT",
+            "payload": {
+                "goal": "  ",
+                "objective": "",
+                "instructions": "Tell me the time",
+                "description": "not this one",
+                "maxSteps": 4,
+                "callerUserId": "user-42",
+                "contactContext": {"name": "Ada", "channel": "email"},
+            },
+        },
+    )
+    assert r.status_code == 202, r.text
+    accepted = r.json()
+    assert accepted["status"] == "RUNNING" and accepted["maxSteps"] == 4
+    assert r.headers["location"] == accepted["location"]
+    assert accepted["location"] == f"/api/orgs/{tenant.org}/tasks/{accepted['id']}"
+
+    r = await client.get(
+        accepted["location"], headers=tenant.auth(tenant.user), params={"wait": 20}
+    )
+    task = r.json()
+    assert r.status_code == 200 and task["status"] == "COMPLETED", task
+    assert task["result"] == "It is time."
+    assert task["goal"].startswith("Tell me the time\n\nContact context (JSON): ")
+    assert '"name": "Ada"' in task["goal"]
+    assert task["callerId"] == "user-42" and task["name"] == "clock"
+
+    first, last = task["steps"]
+    assert first["index"] == 0 and first["decision"] == "ACT"
+    assert [c["score"] for c in first["candidates"]] == [9.0, 2.0]
+    assert first["selected"] == 0
+    assert first["action"]["tool"] == "current_time"
+    assert first["actionCategory"] == "GROUNDING"
+    assert first["observation"]["status"] == "OK" and "utc" in first["observation"]["output"]
+    assert last["index"] == 1 and last["decision"] == "FINISH"
+    assert last["message"] == "It is time." and last["observation"] is None
+
+    # By the agent's name too; and the list shows both runs, newest first.
+    r = await client.post(
+        f"/api/orgs/{tenant.org}/tasks",
+        headers=tenant.auth(tenant.user),
+        json={"agentId": "worker", "payload": {"goal": "never finish", "maxSteps": 2}},
+    )
+    assert r.status_code == 202
+    failed = (
+        await client.get(
+            r.json()["location"], headers=tenant.auth(tenant.user), params={"wait": 20}
+        )
+    ).json()
+    assert failed["status"] == "FAILED" and "budget of 2" in failed["reason"]
+    assert [s["index"] for s in failed["steps"]] == [0, 1]
+    listed = (
+        await client.get(
+            f"/api/orgs/{tenant.org}/tasks",
+            headers=tenant.auth(tenant.user),
+            params={"agentId": "worker"},
+        )
+    ).json()["tasks"]
+    assert [t["id"] for t in listed] == [failed["id"], task["id"]]
+    assert "steps" not in listed[0]
+
+
+async def test_a_polled_task_reaches_a_terminal_state(
+    client: httpx2.AsyncClient, tenant: Tenant
+) -> None:
+    worker = await create_agent(client, tenant, "poller", "AUTONOMOUS")
+    r = await client.post(
+        f"/api/orgs/{tenant.org}/tasks",
+        headers=tenant.auth(tenant.admin),
+        json={"agentId": worker["id"], "payload": {"description": "What time is it?"}},
+    )
+    location = r.json()["location"]
+    for _ in range(200):
+        task = (await client.get(location, headers=tenant.auth(tenant.admin))).json()
+        if task["status"] != "RUNNING":
+            break
+        await asyncio.sleep(0.05)
+    assert task["status"] == "COMPLETED" and task["maxSteps"] == 8  # the default budget
+    assert task["goal"] == "What time is it?"
+
+
+# --- sessions (server-sent events) --------------------------------------------------------------
+
+
+async def test_session_messages_stream_tool_observations_then_the_reply(
+    client: httpx2.AsyncClient, tenant: Tenant
+) -> None:
+    chat = await create_agent(client, tenant, "helper")
+    ada, bob, admin = (tenant.auth(k) for k in (tenant.user, tenant.limited, tenant.admin))
+    r = await client.post(
+        f"/api/orgs/{tenant.org}/sessions", headers=ada, json={"agentId": chat["id"]}
+    )
+    assert r.status_code == 201, r.text
+    session = r.json()
+    assert session["callerId"] == "ada" and session["status"] == "OPEN"
+    base = f"/api/orgs/{tenant.org}/sessions/{session['id']}"
+
+    events = await sse_events(client, f"{base}/messages", ada, "what time is it?")
+    assert [name for name, _ in events] == ["started", "observation", "reply", "done"]
+    observation = events[1][1]
+    assert observation["tool"] == "current_time" and observation["status"] == "OK"
+    assert observation["actionType"] == "GROUNDING"
+    assert events[2][1] == {"message": "You said: what time is it?"}
+    assert events[3][1]["observations"] == 1 and events[3][1]["refused"] is None
+
+    events = await sse_events(client, f"{base}/messages", ada, "my name is Ada")
+    assert [name for name, _ in events] == ["started", "reply", "done"]
+
+    history = (await client.get(f"{base}/messages", headers=ada)).json()["messages"]
+    assert [(m["role"], m["tool"]) for m in history] == [
+        ("user", None),
+        ("tool", "current_time"),
+        ("assistant", None),
+        ("user", None),
+        ("assistant", None),
+    ]
+    # Another caller of the organisation may neither read nor talk; an admin may read.
+    assert_error(await client.get(f"{base}/messages", headers=bob), 403, "forbidden")
+    assert_error(await client.post(f"{base}/messages", headers=admin, json={"message": "x"}), 403)
+    assert (await client.get(base, headers=admin)).json()["id"] == session["id"]
+
+    r = await client.post(f"{base}/end", headers=ada)
+    ended = r.json()
+    assert r.status_code == 200 and ended["session"]["status"] == "ENDED"
+    assert [f["content"] for f in ended["facts"]] == ["The user is called Ada"]
+    assert_error(
+        await client.post(f"{base}/messages", headers=ada, json={"message": "hi"}), 409, "conflict"
+    )
+    again = (await client.post(f"{base}/end", headers=ada)).json()
+    assert again["facts"] == [] and again["session"]["status"] == "ENDED"
+
+
+async def test_the_app_drives_runs_and_turns_through_session_actors(
+    ray_cluster: Any, replica_settings: Settings, store: Store, org: str
+) -> None:
+    """The executor is injected: the same app in front of ``actors.SessionManager``."""
+    actors = pytest.importorskip("actors")
+    runtime = await open_test_runtime(replica_settings)
+    policy = actors.SessionPolicy(namespace="cortex-api-test")
+    manager = actors.SessionManager.for_runtime(runtime, factory=open_test_runtime, policy=policy)
+    t = await make_tenant(store, org)
+    transport = httpx2.ASGITransport(app=create_app(runtime, manager))
+    try:
+        async with httpx2.AsyncClient(transport=transport, base_url="http://api") as client:
+            await create_agent(client, t, "actor-worker", "AUTONOMOUS")
+            r = await client.post(
+                f"/api/orgs/{org}/tasks",
+                headers=t.auth(t.user),
+                json={"agentId": "actor-worker", "payload": {"goal": "time"}},
+            )
+            task = (
+                await client.get(r.json()["location"], headers=t.auth(t.user), params={"wait": 30})
+            ).json()
+            assert task["status"] == "COMPLETED" and len(task["steps"]) == 2
+
+            chat = await create_agent(client, t, "actor-chat")
+            session = (
+                await client.post(
+                    f"/api/orgs/{org}/sessions",
+                    headers=t.auth(t.user),
+                    json={"agentId": chat["id"]},
+                )
+            ).json()
+            url = f"/api/orgs/{org}/sessions/{session['id']}/messages"
+            events = await sse_events(client, url, t.auth(t.user), "what time is it?")
+            assert [name for name, _ in events] == ["started", "observation", "reply", "done"]
+            r = await client.post(
+                f"/api/orgs/{org}/sessions/{session['id']}/end", headers=t.auth(t.user)
+            )
+            assert r.json()["session"]["status"] == "ENDED"
+    finally:
+        await runtime.close()
+
+
+# --- agents, tools, memory ----------------------------------------------------------------------
+
+
+async def test_agents_are_created_read_listed_and_updated_by_admins(
+    client: httpx2.AsyncClient, tenant: Tenant
+) -> None:
+    agents = f"/api/orgs/{tenant.org}/agents"
+    admin, ada = tenant.auth(tenant.admin), tenant.auth(tenant.user)
+    made = await create_agent(
+        client,
+        tenant,
+        "scribe",
+        persona="Writes things down.",
+        tools=["current_time", "remember_fact"],
+        skills=["notes"],
+    )
+    assert made["grant"] == {"tools": ["current_time", "remember_fact"], "actionTypes": []}
+    assert (await client.get(f"{agents}/{made['id']}", headers=ada)).json() == made
+    assert (await client.get(f"{agents}/scribe", headers=ada)).json() == made
+    listed = (await client.get(agents, headers=ada)).json()["agents"]
+    assert [a["name"] for a in listed] == ["scribe"]
+
+    r = await client.patch(
+        f"{agents}/scribe",
+        headers=admin,
+        json={
+            "mode": "AUTONOMOUS",
+            "persona": "Terse.",
+            "tools": ["current_time"],
+            "grant": {"tools": ["current_time"], "actionTypes": ["RETRIEVAL"]},
+        },
+    )
+    changed = r.json()
+    assert r.status_code == 200, r.text
+    assert changed["mode"] == "AUTONOMOUS" and changed["persona"] == "Terse."
+    assert changed["tools"] == ["current_time"] and changed["skills"] == ["notes"]
+    assert changed["grant"] == {"tools": ["current_time"], "actionTypes": ["RETRIEVAL"]}
+    r = await client.patch(f"{agents}/scribe", headers=admin, json={"grant": None})
+    assert r.json()["grant"] is None
+
+    assert_error(await client.post(agents, headers=ada, json={"name": "x"}), 403, "forbidden")
+    assert_error(await client.patch(f"{agents}/scribe", headers=ada, json={"persona": "x"}), 403)
+    assert_error(await client.patch(f"{agents}/scribe", headers=admin, json={}), 422)
+    assert_error(
+        await client.patch(f"{agents}/scribe", headers=admin, json={"tools": ["rm_rf"]}), 422
+    )
+    assert_error(await client.get(f"{agents}/nobody", headers=ada), 404, "not_found")
+
+
+async def test_direct_tool_calls_and_memory_go_through_the_gate(
+    client: httpx2.AsyncClient, tenant: Tenant
+) -> None:
+    chat = await create_agent(client, tenant, "memo")
+    base = f"/api/orgs/{tenant.org}"
+    admin, bob = tenant.auth(tenant.admin), tenant.auth(tenant.limited)
+
+    r = await client.post(
+        f"{base}/tools/remember_fact",
+        headers=admin,
+        json={"agentId": chat["id"], "args": {"subject": "Sky", "fact": "blue"}},
+    )
+    assert r.status_code == 200 and r.json()["status"] == "OK"
+    assert r.json()["actionType"] == "LEARNING"
+    hits = (
+        await client.get(
+            f"{base}/agents/memo/memory", headers=admin, params={"query": "sky", "kind": "SEMANTIC"}
+        )
+    ).json()
+    assert [h["memory"]["content"] for h in hits["results"]] == ["blue"]
+    facts = (await client.get(f"{base}/agents/memo/memory/facts", headers=admin)).json()
+    assert [(f["subject"], f["content"]) for f in facts["facts"]] == [("sky", "blue")]
+
+    # bob is granted current_time only: the gate refuses the rest, and memory is closed to him.
+    r = await client.post(
+        f"{base}/tools/remember_fact",
+        headers=bob,
+        json={"agentId": "memo", "args": {"subject": "x", "fact": "y"}},
+    )
+    assert r.status_code == 200 and r.json()["status"] == "REFUSED"
+    assert "access denied" in r.json()["summary"]
+    r = await client.post(f"{base}/tools/current_time", headers=bob, json={"agentId": "memo"})
+    assert r.json()["status"] == "OK"
+    assert_error(
+        await client.get(f"{base}/agents/memo/memory", headers=bob, params={"query": "sky"}), 403
+    )
+    tools = (await client.get(f"{base}/tools", headers=bob, params={"agentId": "memo"})).json()
+    assert [t["name"] for t in tools["tools"]] == ["current_time"]
+    everything = (await client.get(f"{base}/tools", headers=bob)).json()["tools"]
+    assert {"current_time", "memory_search", "remember_fact"} <= {t["name"] for t in everything}
+
+
+# --- auth and isolation ------------------------------------------------------------------------
+
+PLACEHOLDERS = ("org", "agent_ref", "task_id", "session_id", "tool_name")
+
+
+@dataclass
+class Estate:
+    """One tenant with one of everything, to attack."""
+
+    tenant: Tenant
+    worker: dict[str, Any]
+    chat: dict[str, Any]
+    task_id: str
+    session_id: str
+
+
+@pytest.fixture
+async def estate(client: httpx2.AsyncClient, tenant: Tenant) -> Estate:
+    worker = await create_agent(client, tenant, "victim-worker", "AUTONOMOUS")
+    chat = await create_agent(client, tenant, "victim-chat", persona="Secret persona.")
+    admin = tenant.auth(tenant.admin)
+    r = await client.post(
+        f"/api/orgs/{tenant.org}/tasks",
+        headers=admin,
+        json={"agentId": worker["id"], "payload": {"goal": "secret goal"}},
+    )
+    task_id = r.json()["id"]
+    await client.get(r.json()["location"], headers=admin, params={"wait": 20})
+    r = await client.post(
+        f"/api/orgs/{tenant.org}/sessions", headers=admin, json={"agentId": chat["id"]}
+    )
+    session_id = r.json()["id"]
+    await sse_events(
+        client, f"/api/orgs/{tenant.org}/sessions/{session_id}/messages", admin, "a secret message"
+    )
+    return Estate(tenant, worker, chat, task_id, session_id)
+
+
+def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """operationId → (method, url, request kwargs) for every route under /api/orgs, aimed at
+    ``org`` but naming ``estate``'s rows."""
+    values = {
+        "org": org,
+        "agent_ref": estate.chat["id"],
+        "task_id": estate.task_id,
+        "session_id": estate.session_id,
+        "tool_name": "current_time",
+    }
+    base = "/api/orgs/{org}"
+    routes: dict[str, tuple[str, str, dict[str, Any]]] = {
+        "list_agents": ("GET", f"{base}/agents", {}),
+        "create_agent": ("POST", f"{base}/agents", {"json": {"name": "intruder"}}),
+        "get_agent": ("GET", f"{base}/agents/{{agent_ref}}", {}),
+        "update_agent": ("PATCH", f"{base}/agents/{{agent_ref}}", {"json": {"persona": "pwn"}}),
+        "search_memory": (
+            "GET",
+            f"{base}/agents/{{agent_ref}}/memory",
+            {"params": {"query": "secret"}},
+        ),
+        "list_facts": ("GET", f"{base}/agents/{{agent_ref}}/memory/facts", {}),
+        "create_task": (
+            "POST",
+            f"{base}/tasks",
+            {"json": {"agentId": estate.worker["id"], "payload": {"goal": "pwn"}}},
+        ),
+        "list_tasks": ("GET", f"{base}/tasks", {}),
+        "get_task": ("GET", f"{base}/tasks/{{task_id}}", {}),
+        "create_session": ("POST", f"{base}/sessions", {"json": {"agentId": estate.chat["id"]}}),
+        "get_session": ("GET", f"{base}/sessions/{{session_id}}", {}),
+        "list_messages": ("GET", f"{base}/sessions/{{session_id}}/messages", {}),
+        "post_message": (
+            "POST",
+            f"{base}/sessions/{{session_id}}/messages",
+            {"json": {"message": "pwn"}},
+        ),
+        "end_session": ("POST", f"{base}/sessions/{{session_id}}/end", {}),
+        "list_tools": ("GET", f"{base}/tools", {"params": {"agentId": estate.chat["id"]}}),
+        "call_tool": (
+            "POST",
+            f"{base}/tools/{{tool_name}}",
+            {"json": {"agentId": estate.chat["id"], "args": {}}},
+        ),
+    }
+    return {op: (m, url.format(**values), kw) for op, (m, url, kw) in routes.items()}
+
+
+async def spec_operations(client: httpx2.AsyncClient) -> dict[str, tuple[str, str]]:
+    spec = (await client.get("/openapi.json")).json()
+    return {
+        op["operationId"]: (method.upper(), path)
+        for path, item in spec["paths"].items()
+        for method, op in item.items()
+        if path.startswith("/api/")
+    }
+
+
+async def test_every_route_under_api_needs_a_valid_key(
+    client: httpx2.AsyncClient, estate: Estate
+) -> None:
+    t = estate.tenant
+    operations = await spec_operations(client)
+    routes = requests_for(estate, t.org)
+    routes["whoami"] = ("GET", "/api/me", {})
+    assert set(routes) == set(operations), "a route is missing from this test"
+    for op, (method, url, kwargs) in routes.items():
+        assert method == operations[op][0]
+        for headers in (
+            {},
+            {"Authorization": "Bearer crx_00000000_not-a-key"},
+            {"Authorization": f"Basic {t.admin}"},
+            t.auth(t.revoked),
+        ):
+            r = await client.request(method, url, headers=headers, **kwargs)
+            assert_error(r, 401, "unauthenticated")
+            assert r.headers["www-authenticate"].startswith("Bearer"), op
+
+
+def leaked(secrets: list[str], r: httpx2.Response, url: str, kwargs: dict[str, Any]) -> list[str]:
+    """The secrets in a response that its request did not itself contain."""
+    asked = url + json.dumps(kwargs, default=str)
+    return [s for s in secrets if s in r.text and s not in asked]
+
+
+async def test_no_route_reads_or_writes_another_organisation(
+    client: httpx2.AsyncClient, estate: Estate, store: Store, db: Database
+) -> None:
+    victim = estate.tenant
+    intruder = await make_tenant(store, f"org-{uuid.uuid4().hex[:12]}")
+    before = await row_counts(db, victim.org)
+    secrets = [
+        estate.worker["id"],
+        estate.chat["id"],
+        estate.task_id,
+        estate.session_id,
+        "victim-",
+        "secret",
+        "Secret",
+    ]
+    operations = await spec_operations(client)
+
+    # 1. The intruder's keys on the victim's organisation: nothing is there for them.
+    routes = requests_for(estate, victim.org)
+    assert set(routes) == {op for op, (_, path) in operations.items() if "{org}" in path}
+    for key in (intruder.admin, intruder.user):
+        for op, (method, url, kwargs) in routes.items():
+            r = await client.request(method, url, headers=intruder.auth(key), **kwargs)
+            assert_error(r, 404, "not_found")
+            assert not leaked(secrets, r, url, kwargs), (op, r.text)
+
+    # 2. The intruder's own organisation, naming the victim's rows: not found either.
+    expected = {"list_agents": 200, "create_agent": 201, "list_tasks": 200}
+    for op, (method, url, kwargs) in requests_for(estate, intruder.org).items():
+        r = await client.request(method, url, headers=intruder.auth(intruder.admin), **kwargs)
+        assert r.status_code == expected.get(op, 404), (op, r.status_code, r.text)
+        assert not leaked(secrets, r, url, kwargs), (op, r.text)
+
+    assert await row_counts(db, victim.org) == before
+    chat = (
+        await client.get(
+            f"/api/orgs/{victim.org}/agents/{estate.chat['id']}", headers=victim.auth(victim.admin)
+        )
+    ).json()
+    assert chat["persona"] == "Secret persona."
+    session = (
+        await client.get(
+            f"/api/orgs/{victim.org}/sessions/{estate.session_id}",
+            headers=victim.auth(victim.admin),
+        )
+    ).json()
+    assert session["status"] == "OPEN"
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+async def test_bad_input_is_refused_with_a_reason_and_nothing_changes(
+    client: httpx2.AsyncClient, tenant: Tenant, db: Database
+) -> None:
+    worker = await create_agent(client, tenant, "strict", "AUTONOMOUS")
+    chat = await create_agent(client, tenant, "talker")
+    session = (
+        await client.post(
+            f"/api/orgs/{tenant.org}/sessions",
+            headers=tenant.auth(tenant.admin),
+            json={"agentId": chat["id"]},
+        )
+    ).json()
+    before = await row_counts(db, tenant.org)
+    base = f"/api/orgs/{tenant.org}"
+    headers = {**tenant.auth(tenant.admin), "content-type": "application/json"}
+
+    def task(payload: dict[str, Any], **top: Any) -> dict[str, Any]:
+        return {"json": {"agentId": worker["id"], "payload": payload, **top}}
+
+    too_big = b'{"agentId": "strict", "payload": {"goal": "' + b"x" * MAX_BODY + b'"}}'
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield too_big[: MAX_BODY // 2]
+        yield too_big[MAX_BODY // 2 :]
+
+    cases: list[tuple[str, str, dict[str, Any], int, str]] = [
+        (
+            "POST",
+            f"{base}/tasks",
+            {"content": b'{"agentId": "strict", "payload": {'},
+            400,
+            "malformed_json",
+        ),
+        ("POST", f"{base}/tasks", {"content": b"\xff\xfe"}, 400, "malformed_json"),
+        (
+            "POST",
+            f"{base}/tasks",
+            {"json": {"agentId": str(uuid.uuid4()), "payload": {"goal": "x"}}},
+            404,
+            "not_found",
+        ),
+        (
+            "POST",
+            f"{base}/tasks",
+            {"json": {"agentId": "nobody", "payload": {"goal": "x"}}},
+            404,
+            "not_found",
+        ),
+        ("POST", f"{base}/tasks", task({"goal": "x", "maxSteps": 0}), 422, "invalid_request"),
+        ("POST", f"{base}/tasks", task({"goal": "x", "maxSteps": -3}), 422, "invalid_request"),
+        ("POST", f"{base}/tasks", task({"goal": "x", "maxSteps": 65}), 422, "invalid_request"),
+        ("POST", f"{base}/tasks", task({"goal": "x", "maxSteps": 10**30}), 422, "invalid_request"),
+        ("POST", f"{base}/tasks", task({"goal": "x", "maxSteps": "3"}), 422, "invalid_request"),
+        ("POST", f"{base}/tasks", task({"goal": "x", "maxSteps": 2.5}), 422, "invalid_request"),
+        ("POST", f"{base}/tasks", task({"goal": "x", "maxSteps": True}), 422, "invalid_request"),
+        ("POST", f"{base}/tasks", task({"goal": "x", "priority": 1}), 422, "invalid_request"),
+        ("POST", f"{base}/tasks", task({"goal": "x"}, owner="me"), 422, "invalid_request"),
+        ("POST", f"{base}/tasks", task({"goal": "x"}, assigneeKind="USER"), 422, "invalid_request"),
+        ("POST", f"{base}/tasks", {"json": {"agentId": worker["id"]}}, 422, "invalid_request"),
+        ("POST", f"{base}/tasks", task({"goal": " ", "description": ""}), 422, "invalid_request"),
+        ("POST", f"{base}/tasks", task({"goal": "nul \x00 byte"}), 422, "invalid_request"),
+        (
+            "POST",
+            f"{base}/tasks",
+            task({"goal": "x", "contactContext": {"k": "\x00"}}),
+            422,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            f"{base}/tasks",
+            task({"goal": "x", "contactContext": {"k": "v" * 9000}}),
+            422,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            f"{base}/tasks",
+            {"json": {"agentId": chat["id"], "payload": {"goal": "x"}}},
+            422,
+            "invalid_request",
+        ),  # an INTERACTIVE agent does not run tasks
+        ("POST", f"{base}/tasks", {"json": [1, 2]}, 422, "invalid_request"),
+        ("POST", f"{base}/tasks", {"content": too_big}, 413, "payload_too_large"),
+        ("POST", f"{base}/tasks", {"content": chunks()}, 413, "payload_too_large"),
+        ("GET", f"{base}/tasks/not-a-uuid", {}, 422, "invalid_request"),
+        ("GET", f"{base}/tasks/{uuid.uuid4()}", {}, 404, "not_found"),
+        ("GET", f"{base}/tasks", {"params": {"limit": 0}}, 422, "invalid_request"),
+        (
+            "POST",
+            f"{base}/agents",
+            {"json": {"name": "m", "mode": "SOMETIMES"}},
+            422,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            f"{base}/agents",
+            {"json": {"name": "m", "tools": ["rm_rf"]}},
+            422,
+            "invalid_request",
+        ),
+        ("POST", f"{base}/agents", {"json": {"name": "strict"}}, 422, "invalid_request"),
+        ("POST", f"{base}/agents", {"json": {"name": ""}}, 422, "invalid_request"),
+        ("PATCH", f"{base}/agents/strict", {"json": {"mode": None}}, 422, "invalid_request"),
+        (
+            "POST",
+            f"{base}/sessions",
+            {"json": {"agentId": worker["id"]}},
+            422,
+            "invalid_request",
+        ),  # an AUTONOMOUS agent does not chat
+        (
+            "POST",
+            f"{base}/sessions/{session['id']}/messages",
+            {"json": {"message": ""}},
+            422,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            f"{base}/sessions/{uuid.uuid4()}/messages",
+            {"json": {"message": "hi"}},
+            404,
+            "not_found",
+        ),
+        ("POST", f"{base}/tools/rm_rf", {"json": {"agentId": chat["id"]}}, 404, "not_found"),
+        (
+            "POST",
+            f"{base}/tools/current_time",
+            {"json": {"agentId": chat["id"], "args": [1]}},
+            422,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            f"{base}/tools/remember_fact",
+            {"json": {"agentId": chat["id"], "args": {"subject": "\x00", "fact": "f"}}},
+            422,
+            "invalid_request",
+        ),
+        ("GET", f"{base}/agents/talker/memory", {}, 422, "invalid_request"),  # no query
+        (
+            "GET",
+            f"{base}/agents/talker/memory",
+            {"params": {"query": "q", "validAt": "2026-01-01T00:00:00"}},
+            422,
+            "invalid_request",
+        ),  # a time without its zone
+        ("GET", "/api/orgs/not a valid org!/agents", {}, 422, "invalid_request"),
+        ("DELETE", f"{base}/agents/strict", {}, 405, "method_not_allowed"),
+    ]
+    for method, url, kwargs, status, code in cases:
+        r = await client.request(method, url, headers=headers, **kwargs)
+        error = assert_error(r, status, code)
+        assert "Traceback" not in error["message"]
+    assert await row_counts(db, tenant.org) == before
+
+
+# --- schemathesis --------------------------------------------------------------------------------
+
+FUZZ_SETTINGS = hypothesis.settings(
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+    phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+)
+
+
+def fuzz(
+    schema: Any,
+    key: str,
+    ids: dict[str, str],
+    modes: tuple[GenerationMode, ...],
+    examples: int,
+    **call: Any,
+) -> tuple[int, list[str]]:
+    """Every operation, ``examples`` cases per mode; returns (calls, 5xx responses). The
+    organisation and row ids are pinned to real ones so requests reach past the checks."""
+    server_errors: list[str] = []
+    calls = 0
+
+    def send(case: Any, mode: GenerationMode, where: str) -> None:
+        nonlocal calls
+        if case.path_parameters:
+            for name in ("org", "session_id"):
+                if name in case.path_parameters:
+                    case.path_parameters[name] = ids[name]
+        body = case.body
+        if mode is GenerationMode.POSITIVE and isinstance(body, dict) and "agentId" in body:
+            body["agentId"] = ids["worker" if where.endswith("/tasks") else "chat"]
+        response = case.call(headers={"Authorization": f"Bearer {key}"}, **call)
+        calls += 1
+        if response.status_code >= 500:
+            server_errors.append(
+                f"{where} {mode.value}: {response.status_code} {response.text[:200]} "
+                f"<- {case.body!r}"
+            )
+
+    def sender(mode: GenerationMode, where: str) -> Any:
+        def check(case: Any) -> None:
+            send(case, mode, where)
+
+        return check
+
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        where = f"{operation.method.upper()} {operation.path}"
+        for mode in modes:
+            test = hypothesis.given(case=operation.as_strategy(generation_mode=mode))(
+                sender(mode, where)
+            )
+            try:
+                hypothesis.settings(FUZZ_SETTINGS, max_examples=examples)(test)()
+            except hypothesis.errors.Unsatisfiable:
+                assert mode is GenerationMode.NEGATIVE  # nothing to get wrong (/healthz)
+    return calls, server_errors
+
+
+async def fuzz_estate(settings: Settings, store: Store, org: str) -> tuple[str, dict[str, str]]:
+    """An admin key and the ids the fuzzer aims at, created through the runtime."""
+    tenant = await make_tenant(store, org)
+    runtime = await Runtime.open(settings, model=None, embedder=HashEmbedder(384), db=store.db)
+    try:
+        worker = await runtime.create_agent(org, "fuzz-worker", mode=AgentMode.AUTONOMOUS)
+        chat = await runtime.create_agent(org, "fuzz-chat")
+        admin = await store.get_principal(org, "admin")
+        session = await runtime.open_session(org, chat.id, admin)
+    finally:
+        await runtime.close(close_db=False)
+    ids = {
+        "org": org,
+        "worker": str(worker.id),
+        "chat": str(chat.id),
+        "session_id": str(session.id),
+    }
+    return tenant.admin, ids
+
+
+@pytest.fixture
+def inprocess_app(replica_settings: Settings) -> Iterator[Any]:
+    from schemathesis.python import asgi
+
+    # The app opens its own runtime in schemathesis' event-loop thread (its lifespan).
+    factory = functools.partial(open_test_runtime, replica_settings)
+    yield create_app(factory, options=OPTIONS)
+    asgi.shutdown_lifespans()
+
+
+async def test_schemathesis_in_process_finds_no_server_error(
+    inprocess_app: Any, replica_settings: Settings, store: Store, org: str
+) -> None:
+    key, ids = await fuzz_estate(replica_settings, store, org)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", inprocess_app)
+    modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    calls, errors = await asyncio.to_thread(fuzz, schema, key, ids, modes, 12)
+    assert errors == []
+    assert calls > 300
+
+
+async def test_schemathesis_through_ray_serve_finds_no_server_error(
+    api_url: str, replica_settings: Settings, store: Store, org: str
+) -> None:
+    key, ids = await fuzz_estate(replica_settings, store, org)
+    schema = await asyncio.to_thread(schemathesis.openapi.from_url, f"{api_url}/openapi.json")
+    calls, errors = await asyncio.to_thread(
+        fuzz, schema, key, ids, (GenerationMode.POSITIVE,), 3, base_url=api_url
+    )
+    assert errors == []
+    assert calls > 30
