@@ -312,32 +312,34 @@ class Runtime:
             return run
         agent = await self.store.get_agent(org_id, run.agent_id)
         observations = [s.observation for s in run.steps if s.observation is not None]
-        interrupted = await self.store.take_intent(org_id, run.id, len(run.steps))
-        if interrupted is not None:
-            observations.append(await self._interrupted(agent, run, len(run.steps), interrupted))
+        step_index = len(run.steps)
+        # A side-effecting step whose process died after it began acting is decided again,
+        # not re-executed, and the model is told its effect is unknown. The intent is
+        # consumed in the same transaction as the audit row that keeps the evidence; a
+        # retried call carries the same idempotency key.
+        async with self.db.transaction() as conn:
+            interrupted = await self.store.take_intent(conn, org_id, run.id, step_index)
+            if interrupted is not None:
+                note = self._interrupted(run, step_index, interrupted)
+                ctx = InvocationContext(
+                    agent=agent,
+                    caller=None,
+                    mode=AgentMode.AUTONOMOUS,
+                    run_id=run.id,
+                    step_index=step_index,
+                )
+                audit = self.dispatcher.audit_entry(
+                    ctx, interrupted, status="INTERRUPTED", reason=note.summary
+                )
+                await self.store.insert_audit(conn, audit)
+                observations.append(note)
         return await self._drive(agent, run, on_step, observations)
 
-    async def _interrupted(
-        self, agent: Agent, run: TaskRun, step_index: int, action: AgentAction
-    ) -> Observation:
-        """A side-effecting step whose process died after it began acting: it is decided
-        again, not re-executed, and the model is told its effect is unknown. The audit log
-        keeps the evidence; a retried call carries the same idempotency key."""
+    @staticmethod
+    def _interrupted(run: TaskRun, step_index: int, action: AgentAction) -> Observation:
         summary = (
             f"interrupted: the process stopped while {action.tool} was running; it may or may "
             f"not have taken effect (idempotency key {run.id}:{step_index})"
-        )
-        await self.dispatcher.record(
-            InvocationContext(
-                agent=agent,
-                caller=None,
-                mode=AgentMode.AUTONOMOUS,
-                run_id=run.id,
-                step_index=step_index,
-            ),
-            action,
-            status="INTERRUPTED",
-            reason=summary,
         )
         log.warning("run %s step %d: %s", run.id, step_index, summary)
         return Observation(

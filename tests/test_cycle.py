@@ -558,6 +558,7 @@ async def test_an_interrupted_side_effect_is_decided_again_not_repeated(db, sett
             ("charge_card", "INTERRUPTED", f"{run.id}:0")
         ]
         # The intent was consumed: a third drive finds nothing to recover.
-        assert await runtime.store.take_intent(org, run.id, 0) is None
+        async with runtime.db.transaction() as conn:
+            assert await runtime.store.take_intent(conn, org, run.id, 0) is None
     finally:
         await runtime.close(close_db=False)

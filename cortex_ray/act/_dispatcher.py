@@ -234,15 +234,16 @@ class ToolDispatcher:
             idempotency_key=tctx.idempotency_key,
         )
 
-    async def record(
+    def audit_entry(
         self,
         ctx: InvocationContext,
         action: AgentAction,
         *,
         status: str,
         reason: str,
-    ) -> None:
-        """Audit a call the gate did not run now (an interrupted step found on resume)."""
+    ) -> AuditEntry:
+        """The audit row of a call the gate did not run now (an interrupted step found on
+        resume); the caller writes it in its own transaction."""
         tctx = ToolContext(
             org_id=ctx.agent.org_id,
             agent=ctx.agent,
@@ -252,10 +253,8 @@ class ToolDispatcher:
             session_id=ctx.session_id,
             step_index=ctx.step_index,
         )
-        await self._write_audit(
-            self._audit(
-                ctx, tctx, action.tool, action.action_type, action.args, status, reason, 0.0
-            )
+        return self._audit(
+            ctx, tctx, action.tool, action.action_type, action.args, status, reason, 0.0
         )
 
     async def _write_audit(self, audit: AuditEntry) -> None:

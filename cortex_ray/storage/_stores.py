@@ -574,15 +574,18 @@ class Store:
                 (org_id, run_id, step_index, Jsonb(action.model_dump(mode="json"))),
             )
 
-    async def take_intent(self, org_id: str, run_id: UUID, step_index: int) -> AgentAction | None:
-        """Remove and return an intent left behind by an interrupted step, if any."""
-        async with self.db.transaction() as conn:
-            cur = await conn.execute(
-                "DELETE FROM step_intents WHERE org_id = %s AND run_id = %s AND step_index = %s "
-                "RETURNING action",
-                (org_id, run_id, step_index),
-            )
-            row = await cur.fetchone()
+    @staticmethod
+    async def take_intent(
+        conn: Conn, org_id: str, run_id: UUID, step_index: int
+    ) -> AgentAction | None:
+        """Remove and return an intent left behind by an interrupted step, if any (inside
+        the caller's transaction, so the removal commits with what records it)."""
+        cur = await conn.execute(
+            "DELETE FROM step_intents WHERE org_id = %s AND run_id = %s AND step_index = %s "
+            "RETURNING action",
+            (org_id, run_id, step_index),
+        )
+        row = await cur.fetchone()
         return None if row is None else AgentAction.model_validate(row["action"])
 
     @staticmethod
