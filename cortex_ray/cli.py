@@ -634,25 +634,6 @@ def keys_revoke(
     _execute(work())
 
 
-@app.command("serve")
-def serve_command(
-    host: Annotated[
-        str | None, typer.Option("--host", help="Bind address (default 127.0.0.1).")
-    ] = None,
-    port: Annotated[int | None, typer.Option("--port", help="Port (default 8000).")] = None,
-) -> None:
-    """Serve the HTTP API on Ray Serve until Ctrl-C (needs the 'ray' extra)."""
-    # The Ray layer depends on the core, never the other way: it is looked up only here.
-    import importlib
-
-    try:
-        serve_main = importlib.import_module("serve.__main__").main
-    except ImportError as exc:
-        _fail(f"the HTTP API needs Ray: pip install 'cortex-ray[ray]' ({exc})", EXIT_ERROR)
-    args = [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]
-    serve_main(args)
-
-
 def main() -> None:
     """The ``cortex-ray`` console script."""
     app()
