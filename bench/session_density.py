@@ -25,10 +25,8 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -41,6 +39,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.g
 
 import psutil  # noqa: E402
 import ray  # noqa: E402
+from _scratch import scratch_data_dir  # noqa: E402
 
 from actors import ActorKey, SessionManager, SessionPolicy  # noqa: E402
 from cortex_ray import Grant, Principal, Runtime, Settings  # noqa: E402
@@ -313,13 +312,8 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=None, help="embedded PostgreSQL data")
     parser.add_argument("--database-url", default=None, help="use this PostgreSQL instead")
     args = parser.parse_args()
-    own = args.data_dir is None
-    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="cortex-ray-bench-", dir="/tmp"))
-    try:
+    with scratch_data_dir(args.data_dir) as data_dir:
         asyncio.run(bench(args, data_dir))
-    finally:
-        if own:
-            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
