@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cortex_ray import Settings, StorageError
-from cortex_ray.storage import Database, migrate
+from cortex_ray.storage import Database, migrate, schema_head
 
 
 async def test_the_embedded_server_has_pgvector_and_the_schema_at_head(db: Database) -> None:
@@ -18,7 +18,7 @@ async def test_the_embedded_server_has_pgvector_and_the_schema_at_head(db: Datab
         row = await cur.fetchone()
         assert row is not None and row["extversion"].startswith("0.8")
         cur = await conn.execute("SELECT version_num FROM alembic_version")
-        assert (await cur.fetchone()) == {"version_num": "0002"}
+        assert (await cur.fetchone()) == {"version_num": schema_head()}
         cur = await conn.execute("SHOW hnsw.iterative_scan")
         assert (await cur.fetchone()) == {"hnsw.iterative_scan": "relaxed_order"}
         cur = await conn.execute("SHOW server_version_num")
@@ -69,7 +69,7 @@ async def test_a_second_embedded_database_starts_and_stops_cleanly() -> None:
         reopened = await Database.open(Settings(data_dir=folder))  # data survives a restart
         async with reopened.transaction() as conn:
             cur = await conn.execute("SELECT version_num FROM alembic_version")
-            assert (await cur.fetchone()) == {"version_num": "0002"}
+            assert (await cur.fetchone()) == {"version_num": schema_head()}
         await reopened.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

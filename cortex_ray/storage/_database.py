@@ -69,6 +69,19 @@ def _sqlalchemy_url(dsn: str) -> str:
     raise ConfigurationError(f"not a PostgreSQL URL: {dsn!r}")
 
 
+def schema_head() -> str:
+    """The newest migration revision shipped with this package."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(_MIGRATIONS))
+    head = ScriptDirectory.from_config(config).get_current_head()
+    if head is None:
+        raise ConfigurationError("no migrations found")
+    return head
+
+
 def migrate(dsn: str) -> None:
     """Bring the schema to the newest version with Alembic (blocking; safe to run concurrently)."""
     from alembic import command
