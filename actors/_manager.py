@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 from uuid import UUID
 
 import ray
@@ -25,12 +26,16 @@ from cortex_ray import (
     RunStatus,
     Runtime,
     Settings,
+    TurnEventRelay,
+    TurnEventSink,
     TurnResult,
 )
 
 __all__ = ["SessionManager"]
 
 log = logging.getLogger("actors.manager")
+
+_T = TypeVar("_T")
 
 # Ray's wording for an actor that ended itself (ray.actor.exit_actor): ours only do so when
 # idle, so a call that met such an actor never ran and is safe to send to its successor.
@@ -88,18 +93,39 @@ class SessionManager:
         await self.directory().drive_run.remote(org_id, run_id)
 
     async def turn(
-        self, org_id: str, session_id: UUID, caller: Principal, message: str
+        self,
+        org_id: str,
+        session_id: UUID,
+        caller: Principal,
+        message: str,
+        *,
+        on_event: TurnEventSink | None = None,
     ) -> TurnResult:
-        result: TurnResult = await self._call_session(
-            ActorKey.session(org_id, session_id), "turn", caller, message
-        )
-        return result
+        """The actor streams the turn's events back as they happen; ``on_event`` hears them
+        here, in the caller's process."""
+        key = ActorKey.session(org_id, session_id)
+        deliver = TurnEventRelay(on_event, key.name)
+
+        async def call(handle: ActorHandle[Any]) -> TurnResult:
+            result: TurnResult | None = None
+            async for ref in handle.turn.remote(caller, message):
+                item = await ref
+                if isinstance(item, TurnResult):
+                    result = item
+                else:
+                    await deliver(item)
+            if result is None:  # pragma: no cover - the actor always ends with the result
+                raise SessionUnavailableError(f"session {key.id}: the turn ended without a result")
+            return result
+
+        return await self._call_session(key, call)
 
     async def end_session(self, org_id: str, session_id: UUID) -> list[MemoryRecord]:
-        facts: list[MemoryRecord] = await self._call_session(
-            ActorKey.session(org_id, session_id), "end"
-        )
-        return facts
+        async def call(handle: ActorHandle[Any]) -> list[MemoryRecord]:
+            facts: list[MemoryRecord] = await handle.end.remote()
+            return facts
+
+        return await self._call_session(ActorKey.session(org_id, session_id), call)
 
     # beyond the protocol ------------------------------------------------------------------
 
@@ -143,14 +169,16 @@ class SessionManager:
         self.directory()  # sessions register with it: make sure it exists
         return get_or_create(key, self.settings, self.factory, self.policy)
 
-    async def _call_session(self, key: ActorKey, method: str, *args: Any) -> Any:
+    async def _call_session(
+        self, key: ActorKey, call: Callable[[ActorHandle[Any]], Awaitable[_T]]
+    ) -> _T:
         """Call a session actor, (re)creating it; retried only where nothing ran."""
         deadline = time.monotonic() + self.policy.reactivation_timeout_s
         delay = 0.01
         while True:
             handle = self._session_actor(key)
             try:
-                return await getattr(handle, method).remote(*args)
+                return await call(handle)
             except _SessionPassivating:
                 pass  # refused before running: the actor is on its way out
             except ActorDiedError as exc:

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import ray
@@ -26,7 +27,15 @@ from actors._exceptions import SessionBusyError, _SessionPassivating
 from actors._factory import RuntimeFactory
 from actors._naming import DIRECTORY_NAME, ActorKey
 from actors._policy import SessionPolicy
-from cortex_ray import MemoryRecord, Principal, RunStatus, Runtime, Settings, TurnResult
+from cortex_ray import (
+    MemoryRecord,
+    Principal,
+    RunStatus,
+    Runtime,
+    Settings,
+    TurnEvent,
+    TurnResult,
+)
 
 __all__ = ["AgentSession", "get_or_create"]
 
@@ -113,8 +122,11 @@ class AgentSession:
 
     # sessions -----------------------------------------------------------------------------
 
-    async def turn(self, caller: Principal, message: str) -> TurnResult:
-        """One turn; turns queue behind each other up to ``max_pending_turns``."""
+    async def turn(self, caller: Principal, message: str) -> AsyncIterator[TurnEvent | TurnResult]:
+        """One turn, streamed: its events as they happen, then its ``TurnResult`` last.
+
+        Turns queue behind each other up to ``max_pending_turns``. The turn runs to its end
+        even if the caller stops listening (it is then in the history)."""
         if self._closing:
             raise _SessionPassivating(self._key.name)
         if self._pending >= self._policy.max_pending_turns:
@@ -124,10 +136,28 @@ class AgentSession:
             )
         self._pending += 1
         self._last_used = time.monotonic()
+        events: asyncio.Queue[TurnEvent] = asyncio.Queue()
+        running = asyncio.create_task(self._run_turn(caller, message, events.put_nowait))
+        self._background.add(running)
+        running.add_done_callback(self._background.discard)
+        while not running.done():
+            waiting = asyncio.ensure_future(events.get())
+            await asyncio.wait({waiting, running}, return_when=asyncio.FIRST_COMPLETED)
+            if waiting.done():
+                yield waiting.result()
+            else:
+                waiting.cancel()
+        while not events.empty():
+            yield events.get_nowait()
+        yield await running
+
+    async def _run_turn(
+        self, caller: Principal, message: str, on_event: Callable[[TurnEvent], None]
+    ) -> TurnResult:
         try:
             async with self._lock:
                 session = await self._runtime.store.get_session(self._key.org_id, self._key.id)
-                return await self._runtime.run_turn(session, caller, message)
+                return await self._runtime.run_turn(session, caller, message, on_event=on_event)
         finally:
             self._pending -= 1
             self._last_used = time.monotonic()

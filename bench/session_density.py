@@ -30,7 +30,6 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # Benchmark the working tree this file sits in; Ray workers inherit PYTHONPATH.
@@ -63,18 +62,10 @@ def respond(request: ChatRequest) -> str:
     return f"echo: {said[-1] if said else ''}"
 
 
-class ForgetfulScriptedModel(ScriptedModelClient):
-    """The scripted model without its request log (a live session must not grow)."""
-
-    async def chat(self, request: ChatRequest) -> Any:
-        self.requests.clear()
-        return await super().chat(request)
-
-
 async def scripted_runtime(settings: Settings, db: Database | None = None) -> Runtime:
     return await Runtime.open(
         settings,
-        model=ForgetfulScriptedModel(responder=respond),
+        model=ScriptedModelClient(responder=respond, keep_requests=0),  # no request log
         embedder=HashEmbedder(settings.embedding_dim),
         importance=HeuristicImportanceScorer(),
         db=db,

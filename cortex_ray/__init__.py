@@ -8,15 +8,24 @@ The decision cycle's four seams live in ``perceive``, ``decide``, ``act`` and ``
 from cortex_ray._exceptions import (
     AccessDeniedError,
     ConfigurationError,
+    ConflictError,
     CortexError,
     InvalidRequestError,
     ModelError,
     NotFoundError,
     StorageError,
     StructuredOutputError,
+    UnavailableError,
 )
 from cortex_ray._executor import Executor, InProcessExecutor
-from cortex_ray._runtime import Runtime, StepCallback, build_embedder, build_model
+from cortex_ray._runtime import (
+    Runtime,
+    StepCallback,
+    TurnEventRelay,
+    TurnEventSink,
+    build_embedder,
+    build_model,
+)
 from cortex_ray._settings import Settings
 from cortex_ray._types import (
     ActionType,
@@ -44,6 +53,8 @@ from cortex_ray._types import (
     TaskRun,
     ToolSpec,
     Turn,
+    TurnEvent,
+    TurnEventKind,
     TurnResult,
     WorkingMemory,
 )
@@ -56,6 +67,7 @@ __all__ = [
     "AgentMode",
     "Candidate",
     "ConfigurationError",
+    "ConflictError",
     "CortexError",
     "Decision",
     "DecisionKind",
@@ -87,7 +99,12 @@ __all__ = [
     "TaskRun",
     "ToolSpec",
     "Turn",
+    "TurnEvent",
+    "TurnEventKind",
+    "TurnEventRelay",
+    "TurnEventSink",
     "TurnResult",
+    "UnavailableError",
     "WorkingMemory",
     "build_embedder",
     "build_model",

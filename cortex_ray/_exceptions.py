@@ -6,6 +6,9 @@
     ├── NotFoundError             an agent, run or session that does not exist in this organisation
     ├── InvalidRequestError       input a caller can fix (empty goal, max_steps out of range, ...)
     ├── AccessDeniedError         a principal may not do what it asked
+    ├── ConflictError             the object's state forbids it now (an ended session, a full
+    │                             queue of turns): the same request may work later or never
+    ├── UnavailableError          what would serve the call is down or unreachable right now
     └── ModelError                a model backend failed or answered nonsense
         └── StructuredOutputError structured output still invalid after the bounded retries
 
@@ -18,12 +21,14 @@ from __future__ import annotations
 __all__ = [
     "AccessDeniedError",
     "ConfigurationError",
+    "ConflictError",
     "CortexError",
     "InvalidRequestError",
     "ModelError",
     "NotFoundError",
     "StorageError",
     "StructuredOutputError",
+    "UnavailableError",
 ]
 
 
@@ -49,6 +54,14 @@ class InvalidRequestError(CortexError):
 
 class AccessDeniedError(CortexError):
     """The principal is not allowed to perform the action."""
+
+
+class ConflictError(CortexError):
+    """The object's current state does not allow the request (e.g. the session has ended)."""
+
+
+class UnavailableError(CortexError):
+    """What would serve the request is down or cannot be reached now; it may work later."""
 
 
 class ModelError(CortexError):

@@ -13,7 +13,7 @@ import logging
 from typing import Protocol, runtime_checkable
 from uuid import UUID
 
-from cortex_ray._runtime import Runtime
+from cortex_ray._runtime import Runtime, TurnEventSink
 from cortex_ray._types import MemoryRecord, Principal, TurnResult
 
 __all__ = ["Executor", "InProcessExecutor"]
@@ -30,9 +30,18 @@ class Executor(Protocol):
         ...
 
     async def turn(
-        self, org_id: str, session_id: UUID, caller: Principal, message: str
+        self,
+        org_id: str,
+        session_id: UUID,
+        caller: Principal,
+        message: str,
+        *,
+        on_event: TurnEventSink | None = None,
     ) -> TurnResult:
-        """One interactive turn; turns of one session run one at a time, in arrival order."""
+        """One interactive turn; turns of one session run one at a time, in arrival order.
+
+        ``on_event`` hears the turn's events as they happen, in this process (see
+        ``Runtime.run_turn``)."""
         ...
 
     async def end_session(self, org_id: str, session_id: UUID) -> list[MemoryRecord]:
@@ -72,12 +81,18 @@ class InProcessExecutor:
             await asyncio.gather(task, return_exceptions=True)
 
     async def turn(
-        self, org_id: str, session_id: UUID, caller: Principal, message: str
+        self,
+        org_id: str,
+        session_id: UUID,
+        caller: Principal,
+        message: str,
+        *,
+        on_event: TurnEventSink | None = None,
     ) -> TurnResult:
         lock = self._session_locks.setdefault(session_id, asyncio.Lock())
         async with lock:  # one message at a time per session; later ones queue
             session = await self.runtime.store.get_session(org_id, session_id)
-            return await self.runtime.run_turn(session, caller, message)
+            return await self.runtime.run_turn(session, caller, message, on_event=on_event)
 
     async def end_session(self, org_id: str, session_id: UUID) -> list[MemoryRecord]:
         lock = self._session_locks.setdefault(session_id, asyncio.Lock())

@@ -20,7 +20,12 @@ from uuid import UUID
 from opentelemetry import trace
 from pydantic import ValidationError
 
-from cortex_ray._exceptions import ConfigurationError, InvalidRequestError
+from cortex_ray._exceptions import (
+    AccessDeniedError,
+    ConfigurationError,
+    ConflictError,
+    InvalidRequestError,
+)
 from cortex_ray._settings import Settings
 from cortex_ray._types import (
     Agent,
@@ -40,6 +45,8 @@ from cortex_ray._types import (
     Step,
     TaskRun,
     Turn,
+    TurnEvent,
+    TurnEventKind,
     TurnResult,
     utcnow,
 )
@@ -60,12 +67,22 @@ from cortex_ray.models import Embedder, HashEmbedder, ModelClient
 from cortex_ray.perceive import PromptComposer, WorkingMemoryAssembler
 from cortex_ray.storage import Database, Store
 
-__all__ = ["Runtime", "StepCallback", "build_embedder", "build_model"]
+__all__ = [
+    "Runtime",
+    "StepCallback",
+    "TurnEventRelay",
+    "TurnEventSink",
+    "build_embedder",
+    "build_model",
+]
 
 log = logging.getLogger("cortex_ray.cycle")
 tracer = trace.get_tracer("cortex_ray")
 
 StepCallback = Callable[[Step], Awaitable[None] | None]
+TurnEventSink = Callable[[TurnEvent], Awaitable[None] | None]
+"""Receives a turn's events as they happen. A sink that raises is dropped for the rest of
+the turn (logged); the turn itself always runs to its end and is recorded."""
 
 
 def build_model(settings: Settings) -> ModelClient | None:
@@ -529,15 +546,26 @@ class Runtime:
             Session(org_id=org_id, agent_id=agent.id, caller_id=caller.id)
         )
 
-    async def run_turn(self, session: Session, caller: Principal, message: str) -> TurnResult:
-        """One interactive turn: tool rounds through the gate, then a reply (a dialogue action)."""
+    async def run_turn(
+        self,
+        session: Session,
+        caller: Principal,
+        message: str,
+        *,
+        on_event: TurnEventSink | None = None,
+    ) -> TurnResult:
+        """One interactive turn: tool rounds through the gate, then a reply (a dialogue action).
+
+        ``on_event`` hears each tool call, its observation, and the reply or refusal as they
+        happen (the HTTP API streams them as server-sent events)."""
         if not message.strip():
             raise InvalidRequestError("the message is empty")
         session = await self.store.get_session(session.org_id, session.id)
-        if session.status is not SessionStatus.OPEN:
-            raise InvalidRequestError(f"session {session.id} has ended")
         if caller.id != session.caller_id or caller.org_id != session.org_id:
-            raise InvalidRequestError("only the session's own caller may talk in it")
+            raise AccessDeniedError("only the session's own caller may talk in it")
+        if session.status is not SessionStatus.OPEN:
+            raise ConflictError(f"session {session.id} has ended")
+        emit = TurnEventRelay(on_event, f"session {session.id}")
         agent = await self.store.get_agent(session.org_id, session.agent_id)
         history = await self.store.conversation(
             session.org_id, session.id, limit=self.settings.conversation_window
@@ -567,8 +595,23 @@ class Runtime:
                 last = round_index == self.settings.max_tool_rounds
                 decision = await self.interactive.decide(wm, allow_tools=not last)  # DECIDE
                 if decision.kind is DecisionKind.ACT and decision.action is not None:
-                    dispatch = await self.dispatcher.execute(  # ACT
-                        ctx, decision.action.tool, decision.action.args
+                    action = decision.action
+                    await emit(
+                        TurnEvent(
+                            kind=TurnEventKind.TOOL_CALL,
+                            round=round_index,
+                            tool=action.tool,
+                            args=action.args,
+                        )
+                    )
+                    dispatch = await self.dispatcher.execute(ctx, action.tool, action.args)  # ACT
+                    await emit(
+                        TurnEvent(
+                            kind=TurnEventKind.OBSERVATION,
+                            round=round_index,
+                            tool=action.tool,
+                            observation=dispatch.observation,
+                        )
                     )
                     observations.append(dispatch.observation)
                     audits.append(dispatch.audit)
@@ -576,7 +619,7 @@ class Runtime:
                         Turn(
                             role="tool",
                             content=dispatch.observation.summary,
-                            tool=decision.action.tool,
+                            tool=action.tool,
                         )
                     )
                     continue
@@ -593,6 +636,14 @@ class Runtime:
                 else:
                     refused = dispatch.observation.summary
                 break
+            if reply is not None:
+                await emit(TurnEvent(kind=TurnEventKind.REPLY, round=round_index, text=reply))
+            else:
+                await emit(
+                    TurnEvent(
+                        kind=TurnEventKind.REFUSED, round=round_index, text=refused or "no reply"
+                    )
+                )
         # LEARN: one EPISODIC record per turn, in the same transaction as the messages.
         tools_used = ", ".join(f"{o.tool}:{o.status.value}" for o in observations) or "none"
         prepared = await self.memory.prepare(
@@ -660,3 +711,27 @@ async def _notify(callback: StepCallback | None, step: Step) -> None:
     result = callback(step)
     if result is not None:
         await result
+
+
+class TurnEventRelay:
+    """Delivers turn events to a sink until the sink fails once (then drops them, logged):
+    a caller that stopped listening never stops the turn."""
+
+    def __init__(self, sink: TurnEventSink | None, label: str) -> None:
+        self._sink = sink
+        self._label = label
+
+    async def __call__(self, event: TurnEvent) -> None:
+        if self._sink is None:
+            return
+        try:
+            result = self._sink(event)
+            if result is not None:
+                await result
+        except Exception:
+            log.warning(
+                "%s: the turn-event sink failed; the turn goes on without it",
+                self._label,
+                exc_info=True,
+            )
+            self._sink = None

@@ -39,6 +39,8 @@ __all__ = [
     "TaskRun",
     "ToolSpec",
     "Turn",
+    "TurnEvent",
+    "TurnEventKind",
     "TurnResult",
     "WorkingMemory",
     "utcnow",
@@ -277,6 +279,30 @@ class TurnResult(_Model):
     reply: str | None
     observations: tuple[Observation, ...] = ()
     refused: str | None = None
+
+
+class TurnEventKind(StrEnum):
+    """What a turn reports while it runs, in order: tool calls and their observations per
+    round, then the reply or the refusal."""
+
+    TOOL_CALL = "tool_call"
+    OBSERVATION = "observation"
+    REPLY = "reply"
+    REFUSED = "refused"
+
+
+class TurnEvent(_Model):
+    """One event of a running turn, delivered as soon as it happens (see ``run_turn``).
+
+    The reply is delivered whole, after the invocation gate has passed it: a reply is a
+    dialogue action, and text the gate would refuse must never reach the caller."""
+
+    kind: TurnEventKind
+    round: int = Field(ge=0, description="the tool round it belongs to (0-based)")
+    tool: str | None = None
+    args: dict[str, Any] | None = None
+    observation: Observation | None = None
+    text: str | None = Field(default=None, description="the reply, or the refusal's reason")
 
 
 class RunStatus(StrEnum):

@@ -44,6 +44,8 @@ from cortex_ray import (
     SessionStatus,
     Settings,
     TaskRun,
+    TurnEvent,
+    TurnEventKind,
 )
 from serve._errors import ApiProblem, error_response, install_error_handlers, status_of
 from serve._schemas import (
@@ -76,7 +78,11 @@ from serve._schemas import (
     TurnBody,
     TurnDone,
     TurnError,
+    TurnObservation,
+    TurnRefused,
+    TurnReply,
     TurnStarted,
+    TurnToolCall,
     from_agent,
     from_observation,
     from_run,
@@ -260,6 +266,20 @@ async def _own_open_session(
 def _sse(event: str, body: Any) -> ServerSentEvent:
     data = body.model_dump(mode="json", by_alias=True) if hasattr(body, "model_dump") else body
     return ServerSentEvent(event=event, data=data)
+
+
+def _turn_event(event: TurnEvent) -> ServerSentEvent:
+    if event.kind is TurnEventKind.TOOL_CALL:
+        return _sse(
+            "tool_call",
+            TurnToolCall(round=event.round, tool=event.tool or "", args=event.args or {}),
+        )
+    if event.kind is TurnEventKind.OBSERVATION and event.observation is not None:
+        body = from_observation(event.observation).model_dump()
+        return _sse("observation", TurnObservation(round=event.round, **body))
+    if event.kind is TurnEventKind.REPLY:
+        return _sse("reply", TurnReply(message=event.text or ""))
+    return _sse("refused", TurnRefused(reason=event.text or "no reply"))
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -690,9 +710,9 @@ def _org_router() -> APIRouter:
         tags=["sessions"],
         responses={
             200: {
-                "description": "Server-sent events: `started`, then when the turn has run, "
-                "one `observation` per tool call, then `reply` or `refused`, then `done` "
-                "(or `error`)."
+                "description": "Server-sent events, each as it happens: `started`; per tool "
+                "round a `tool_call` and its `observation`; then `reply` (sent whole, after "
+                "the invocation gate passed it) or `refused`; then `done` (or `error`)."
             },
             403: {"model": ApiError, "description": "another caller's session"},
             409: {"model": ApiError, "description": "the session has ended"},
@@ -709,11 +729,27 @@ def _org_router() -> APIRouter:
 
         Turns of one session run one at a time, in arrival order. The turn runs to the end
         even if the client disconnects (its messages are then in the history)."""
-        turn = asyncio.ensure_future(state.executor.turn(org, session.id, principal, body.message))
+        events: asyncio.Queue[TurnEvent] = asyncio.Queue()
+        turn = asyncio.ensure_future(
+            state.executor.turn(
+                org, session.id, principal, body.message, on_event=events.put_nowait
+            )
+        )
         turn.add_done_callback(_retrieve)
         yield _sse("started", TurnStarted(session_id=session.id))
+        while not turn.done():
+            waiting = asyncio.ensure_future(events.get())
+            try:
+                await asyncio.wait({waiting, turn}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not waiting.done():
+                    waiting.cancel()
+            if waiting.done() and not waiting.cancelled():
+                yield _turn_event(waiting.result())
+        while not events.empty():
+            yield _turn_event(events.get_nowait())
         try:
-            result = await asyncio.shield(turn)
+            result = turn.result()
         except Exception as exc:
             # The stream has started (200): the refusal travels as an event with the status
             # the request would otherwise have got.
@@ -722,12 +758,6 @@ def _org_router() -> APIRouter:
                 log.error("turn of session %s failed", session.id, exc_info=exc)
             yield _sse("error", TurnError(status=status, code=code, message=message))
             return
-        for observation in result.observations:
-            yield _sse("observation", from_observation(observation))
-        if result.reply is not None:
-            yield _sse("reply", {"message": result.reply})
-        else:
-            yield _sse("refused", {"reason": result.refused or "no reply"})
         yield _sse(
             "done",
             TurnDone(

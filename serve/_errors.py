@@ -30,11 +30,13 @@ from starlette.exceptions import HTTPException
 
 from cortex_ray import (
     AccessDeniedError,
+    ConflictError,
     CortexError,
     InvalidRequestError,
     ModelError,
     NotFoundError,
     StorageError,
+    UnavailableError,
 )
 from serve._schemas import ApiError, ErrorBody, ErrorDetail
 
@@ -130,19 +132,15 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _status_table() -> tuple[tuple[type[CortexError], int], ...]:
-    table: list[tuple[type[CortexError], int]] = [
+    table: list[tuple[type[CortexError], int]] = [  # first match wins
         (NotFoundError, 404),
         (InvalidRequestError, 422),
         (AccessDeniedError, 403),
+        (ConflictError, 409),
         (ModelError, 502),
         (StorageError, 503),
+        (UnavailableError, 503),
     ]
-    try:  # the session-actor executor's errors, when that layer is installed
-        from actors import SessionBusyError, SessionUnavailableError
-    except ImportError:  # pragma: no cover - depends on the installed extras
-        pass
-    else:
-        table += [(SessionBusyError, 409), (SessionUnavailableError, 503)]
     return tuple(table)
 
 

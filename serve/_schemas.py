@@ -526,6 +526,32 @@ class TurnStarted(_Out):
     session_id: UUID
 
 
+class TurnToolCall(_Out):
+    """SSE ``tool_call``: the agent chose a tool in this round; its ``observation`` follows."""
+
+    round: int
+    tool: str
+    args: JsonObject
+
+
+class TurnObservation(ObservationBody):
+    """SSE ``observation``: what a tool call returned, as soon as it returned."""
+
+    round: int
+
+
+class TurnReply(_Out):
+    """SSE ``reply``: the agent's answer, sent whole once the invocation gate passed it."""
+
+    message: str
+
+
+class TurnRefused(_Out):
+    """SSE ``refused``: the turn ended without a reply, and why."""
+
+    reason: str
+
+
 class TurnError(_Out):
     """SSE ``error``: the turn failed; ``status`` is the HTTP status it maps to."""
 

@@ -47,6 +47,8 @@ from cortex_ray import (  # noqa: E402
     Runtime,
     SessionStatus,
     Settings,
+    TurnEvent,
+    TurnEventKind,
 )
 from cortex_ray.act import Tool, ToolContext  # noqa: E402
 from cortex_ray.memory import HeuristicImportanceScorer  # noqa: E402
@@ -55,6 +57,7 @@ from cortex_ray.models import (  # noqa: E402
     ChatResponse,
     HashEmbedder,
     ScriptedModelClient,
+    ToolCall,
 )
 from cortex_ray.storage import Database  # noqa: E402
 
@@ -86,6 +89,8 @@ def respond(effects: int, request: ChatRequest) -> str:
     if request.response_schema is not None:
         raise AssertionError(f"unexpected structured call {request.schema_name}")
     said = [m.content or "" for m in request.messages if m.role == "user"]
+    if request.tools and said[-1].endswith("what time is it?"):  # a tool round first
+        return ChatResponse(tool_calls=(ToolCall(id="c1", name="current_time", arguments="{}"),))
     replies = sum(1 for m in request.messages if m.role == "assistant")
     return f"echo: {said[-1]} (replies seen: {replies})"
 
@@ -99,9 +104,10 @@ class PacedModel(ScriptedModelClient):
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         said = [m.content or "" for m in request.messages if m.role == "user"]
-        if said and said[-1].startswith("slow"):
+        # The message itself, or the tool-results prompt that follows it in the same turn.
+        asked = said[-2] if len(said) > 1 and said[-1].startswith("Progress so far") else said[-1]
+        if asked.startswith("slow"):
             await asyncio.sleep(self.delay_s)
-        self.requests.clear()  # a long-lived session must not keep every prompt
         return await super().chat(request)
 
 
@@ -470,6 +476,38 @@ async def test_turns_queue_one_at_a_time_and_end_session_retires_the_actor(
     assert (await local.store.get_session(org, session_id)).status is SessionStatus.ENDED
     assert await eventually(lambda: not live_actors(sessions, org, "session"))
     assert await eventually(lambda: directory_sees(sessions, org, []))
+
+
+async def test_a_turn_streams_its_events_from_the_actor_as_they_happen(
+    ray_cluster, local, actor_settings, org
+) -> None:
+    sessions = manager(actor_settings, slow_s=1.0)
+    alice, session_id = await chat_session(local, org)
+    heard: list[tuple[TurnEvent, int]] = []
+
+    async def on_event(event: TurnEvent) -> None:
+        # A turn writes its messages when it ends: none yet means the turn is still running.
+        heard.append((event, len(await local.store.conversation(org, session_id))))
+
+    result = await sessions.turn(
+        org, session_id, alice, "slow: what time is it?", on_event=on_event
+    )
+    kinds = [event.kind for event, _ in heard]
+    assert kinds == [TurnEventKind.TOOL_CALL, TurnEventKind.OBSERVATION, TurnEventKind.REPLY]
+    call, observation, reply = (event for event, _ in heard)
+    assert call.tool == "current_time" and call.args == {} and call.round == 0
+    assert observation.observation is not None and observation.observation.status.value == "OK"
+    assert reply.text == result.reply and (result.reply or "").startswith("echo: Progress so far")
+    # The tool call and its observation arrived while the (slow) reply was being decided.
+    assert [stored for _, stored in heard[:2]] == [0, 0]
+    assert len(await local.store.conversation(org, session_id)) == 3  # user, tool, assistant
+
+    # A listener that fails loses its events, never the turn.
+    def broken(event: TurnEvent) -> None:
+        raise RuntimeError("the listener went away")
+
+    again = await sessions.turn(org, session_id, alice, "hello", on_event=broken)
+    assert again.reply == "echo: hello (replies seen: 1)"
 
 
 async def test_a_turn_beyond_the_queue_bound_is_refused_busy(

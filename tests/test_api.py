@@ -96,10 +96,19 @@ def respond(request: ChatRequest) -> str | ChatResponse:
     return f"You said: {asked[:60]}"
 
 
+async def paced(request: ChatRequest) -> str | ChatResponse:
+    """``respond``, but a turn whose message says "slowly" takes a second to reply after its
+    tool round (so a test can look at the stream while the turn is still running)."""
+    text = "\n".join(m.content or "" for m in request.messages[-2:])
+    if "slowly" in text and "Progress so far" in text:
+        await asyncio.sleep(1.0)
+    return respond(request)
+
+
 async def open_test_runtime(settings: Settings) -> Runtime:
     return await Runtime.open(
         settings,
-        model=ScriptedModelClient(responder=respond),
+        model=ScriptedModelClient(responder=paced),
         embedder=HashEmbedder(384),
         importance=HeuristicImportanceScorer(),
     )
@@ -400,12 +409,13 @@ async def test_session_messages_stream_tool_observations_then_the_reply(
     base = f"/api/orgs/{tenant.org}/sessions/{session['id']}"
 
     events = await sse_events(client, f"{base}/messages", ada, "what time is it?")
-    assert [name for name, _ in events] == ["started", "observation", "reply", "done"]
-    observation = events[1][1]
+    assert [name for name, _ in events] == ["started", "tool_call", "observation", "reply", "done"]
+    assert events[1][1] == {"round": 0, "tool": "current_time", "args": {}}
+    observation = events[2][1]
     assert observation["tool"] == "current_time" and observation["status"] == "OK"
-    assert observation["actionType"] == "GROUNDING"
-    assert events[2][1] == {"message": "You said: what time is it?"}
-    assert events[3][1]["observations"] == 1 and events[3][1]["refused"] is None
+    assert observation["actionType"] == "GROUNDING" and observation["round"] == 0
+    assert events[3][1] == {"message": "You said: what time is it?"}
+    assert events[4][1]["observations"] == 1 and events[4][1]["refused"] is None
 
     events = await sse_events(client, f"{base}/messages", ada, "my name is Ada")
     assert [name for name, _ in events] == ["started", "reply", "done"]
@@ -418,6 +428,18 @@ async def test_session_messages_stream_tool_observations_then_the_reply(
         ("user", None),
         ("assistant", None),
     ]
+
+    # Events arrive as they happen: the observation is on the wire while the turn still
+    # decides its reply (a turn's messages are stored when it ends).
+    seen: list[tuple[str, int]] = []
+    url = f"{base}/messages"
+    async with client.stream("POST", url, headers=ada, json={"message": "slowly: time?"}) as r:
+        async for event in httpx2.EventSource(r):
+            stored = (await client.get(url, headers=ada)).json()["messages"]
+            seen.append((event.event, len(stored)))
+    assert seen[:3] == [("started", 5), ("tool_call", 5), ("observation", 5)]
+    assert [name for name, _ in seen[3:]] == ["reply", "done"]
+    assert seen[-1][1] == 8
     # Another caller of the organisation may neither read nor talk; an admin may read.
     assert_error(await client.get(f"{base}/messages", headers=bob), 403, "forbidden")
     assert_error(await client.post(f"{base}/messages", headers=admin, json={"message": "x"}), 403)
@@ -467,7 +489,8 @@ async def test_the_app_drives_runs_and_turns_through_session_actors(
             ).json()
             url = f"/api/orgs/{org}/sessions/{session['id']}/messages"
             events = await sse_events(client, url, t.auth(t.user), "what time is it?")
-            assert [name for name, _ in events] == ["started", "observation", "reply", "done"]
+            names = [name for name, _ in events]
+            assert names == ["started", "tool_call", "observation", "reply", "done"]
             r = await client.post(
                 f"/api/orgs/{org}/sessions/{session['id']}/end", headers=t.auth(t.user)
             )

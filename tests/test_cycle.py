@@ -11,8 +11,10 @@ import psycopg
 import pytest
 
 from cortex_ray import (
+    AccessDeniedError,
     ActionType,
     AgentMode,
+    ConflictError,
     DecisionKind,
     Grant,
     InvalidRequestError,
@@ -411,8 +413,11 @@ async def test_session_end_extracts_facts_with_supersession(make_runtime, org) -
         org_id=org, agent_id=agent.id, subject="alice favourite colour"
     )
     assert [h.content for h in history] == ["Alice likes blue", "Alice now likes green"]
-    with pytest.raises(InvalidRequestError):
-        await runtime.run_turn(session2, alice, "hello again")  # the session has ended
+    with pytest.raises(ConflictError, match="has ended"):
+        await runtime.run_turn(session2, alice, "hello again")
+    mallory = Principal(id="mallory", org_id=org, grant=Grant(tools=frozenset({"*"})))
+    with pytest.raises(AccessDeniedError, match="own caller"):
+        await runtime.run_turn(session2, mallory, "let me in")
 
 
 async def test_procedural_edits_wait_for_a_person(make_runtime, org) -> None:

@@ -1,14 +1,15 @@
 """A scripted model client: the test double behind the real ``ModelClient`` interface.
 
-It answers from a script (strings, ``ChatResponse`` objects, or callables of the request)
-and records every request, so deterministic cycle tests and benchmarks can drive the real
-drivers without a model.
+It answers from a script (strings, ``ChatResponse`` objects, or callables of the request,
+sync or async) and records the latest requests, so deterministic cycle tests and benchmarks
+can drive the real drivers without a model.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from cortex_ray._exceptions import ModelError
@@ -16,25 +17,31 @@ from cortex_ray.models._protocol import ChatRequest, ChatResponse
 
 __all__ = ["ScriptedModelClient"]
 
-Reply = str | ChatResponse | Callable[[ChatRequest], "str | ChatResponse"]
+Answer = str | ChatResponse
+Responder = Callable[[ChatRequest], Answer | Awaitable[Answer]]
+Reply = Answer | Responder
 
 
 class ScriptedModelClient:
-    """Replies from a script, in order; ``responder`` answers once the script runs out."""
+    """Replies from a script, in order; ``responder`` answers once the script runs out.
+
+    ``requests`` keeps the last ``keep_requests`` requests (oldest first), so a long-lived
+    client (a benchmark, a session actor) does not grow without bound."""
 
     def __init__(
         self,
         script: Iterable[Reply] = (),
         *,
-        responder: Callable[[ChatRequest], str | ChatResponse] | None = None,
+        responder: Responder | None = None,
         supports_json_schema: bool = True,
         name: str = "scripted",
+        keep_requests: int = 1000,
     ) -> None:
         self._script: deque[Reply] = deque(script)
         self._responder = responder
         self._supports_json_schema = supports_json_schema
         self._name = name
-        self.requests: list[ChatRequest] = []
+        self.requests: deque[ChatRequest] = deque(maxlen=keep_requests)
 
     @property
     def name(self) -> str:
@@ -57,6 +64,8 @@ class ScriptedModelClient:
             raise ModelError("scripted model: the script ran out")
         if callable(reply):
             reply = reply(request)
+            if inspect.isawaitable(reply):
+                reply = await reply
         if isinstance(reply, ChatResponse):
             return reply
         return ChatResponse(content=str(reply), finish_reason="stop")
