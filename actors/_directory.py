@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import time
 from collections import OrderedDict
 from typing import Any, cast
@@ -152,7 +153,8 @@ class SessionDirectory:
         self._watch(ActorKey.run(org_id, run_id))
 
     async def wait_run(self, org_id: str, run_id: UUID) -> RunStatus:
-        """The run's status once its watcher stops: terminal, or RUNNING if it gave up."""
+        """The run's status once its watcher stops: terminal (FAILED when it gave up), or
+        RUNNING when not even the failure could be recorded."""
         key = ActorKey.run(org_id, run_id)
         watcher = self._watch(key)
         status = await asyncio.shield(watcher)
@@ -179,6 +181,7 @@ class SessionDirectory:
         failures = 0  # attempts in a row that ended in an error (constructor or drive)
         losses = 0  # actors in a row that died without the run recording a step
         steps_seen = -1
+        last_error = "none"
         while True:
             try:
                 run = await self._store.get_run(key.org_id, key.id)
@@ -190,13 +193,17 @@ class SessionDirectory:
             if len(run.steps) != steps_seen:  # progress: earlier errors were not in a row
                 steps_seen, failures, losses = len(run.steps), 0, 0
             if failures > self._policy.run_retry_limit:
-                log.error(
-                    "%s: giving up after %d failed attempts in a row; the run stays RUNNING "
-                    "and start_run resumes it",
-                    key.name,
-                    failures,
+                reason = (
+                    f"gave up after {failures} failed attempts in a row to drive the run "
+                    f"(last: {last_error})"
                 )
-                return None
+                log.error("%s: %s", key.name, reason)
+                try:
+                    await self._store.fail_run(key.org_id, key.id, reason)
+                except Exception:
+                    log.exception("%s: recording the failure failed; it stays RUNNING", key.name)
+                    return None
+                continue  # the next look at PostgreSQL sees it terminal
             # Get-or-create: a live (or restarting) actor is reused, a dead one replaced.
             handle = get_or_create(key, self._settings, self._factory, self._policy)
             try:
@@ -217,9 +224,11 @@ class SessionDirectory:
                         await asyncio.sleep(min(2.0, 0.05 * 2**losses))
                     continue
                 failures += 1  # the constructor failed (database, factory)
+                last_error = f"the actor failed to start: {_cause(exc)}"
                 log.warning("%s: actor failed to start: %s", key.name, exc)
             except Exception as exc:
                 failures += 1  # the drive itself raised (model or database error)
+                last_error = _cause(exc)
                 log.warning("%s: drive failed (%d in a row): %s", key.name, failures, exc)
             await asyncio.sleep(min(30.0, 0.25 * 2**failures))
 
@@ -232,6 +241,18 @@ class SessionDirectory:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+_RAISED = re.compile(r"^\s*[\w.]*(Error|Exception)\b[^:]*: .+")
+
+
+def _cause(exc: BaseException) -> str:
+    """The line that says what went wrong: Ray wraps an actor's exception in its traceback,
+    whose last ``SomeError: message`` line is the original error."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    raised = [line for line in lines if _RAISED.match(line)]
+    line = raised[-1] if raised else (lines[0] if lines else type(exc).__name__)
+    return line[:300]
 
 
 def get_or_create_directory(

@@ -132,7 +132,8 @@ class SessionManager:
     async def wait_run(self, org_id: str, run_id: UUID) -> RunStatus:
         """Wait until the run is terminal (across actor crashes); its final status.
 
-        RUNNING when the directory gave up (``run_retry_limit`` failed attempts in a row).
+        After ``run_retry_limit`` failed attempts in a row the directory records the run
+        FAILED with the last error; RUNNING only if even that could not be written.
         """
         status: RunStatus = await self.directory().wait_run.remote(org_id, run_id)
         return status

@@ -12,6 +12,7 @@ therefore be resumed from its ledger: ``drive_run`` continues after the last rec
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
@@ -78,6 +79,9 @@ __all__ = [
 
 log = logging.getLogger("cortex_ray.cycle")
 tracer = trace.get_tracer("cortex_ray")
+
+MAX_CONTACT_CONTEXT_BYTES = 8192
+"""The largest contact context a run takes, as UTF-8 JSON."""
 
 StepCallback = Callable[[Step], Awaitable[None] | None]
 TurnEventSink = Callable[[TurnEvent], Awaitable[None] | None]
@@ -264,9 +268,24 @@ class Runtime:
         max_steps: int | None = None,
         name: str = "",
         caller_id: str | None = None,
+        requested_by: str | None = None,
+        contact_context: dict[str, Any] | None = None,
     ) -> TaskRun:
-        """Validate and record a new RUNNING task run (nothing is executed yet)."""
-        _, run = await self._start(org_id, agent_ref, goal, max_steps, name, caller_id)
+        """Validate and record a new RUNNING task run (nothing is executed yet).
+
+        ``caller_id`` is the person the run acts for, ``requested_by`` the principal that
+        asked for it; ``contact_context`` (a JSON object, at most 8 KiB) is shown to the
+        agent with the goal."""
+        _, run = await self._start(
+            org_id,
+            agent_ref,
+            goal,
+            max_steps,
+            name,
+            caller_id,
+            requested_by=requested_by,
+            contact_context=contact_context,
+        )
         return run
 
     async def _start(
@@ -277,9 +296,19 @@ class Runtime:
         max_steps: int | None,
         name: str,
         caller_id: str | None,
+        *,
+        requested_by: str | None = None,
+        contact_context: dict[str, Any] | None = None,
     ) -> tuple[Agent, TaskRun]:
         if not goal or not goal.strip():
             raise InvalidRequestError("the goal is empty")
+        if contact_context is not None:
+            size = len(json.dumps(contact_context, ensure_ascii=False, sort_keys=True).encode())
+            if size > MAX_CONTACT_CONTEXT_BYTES:
+                raise InvalidRequestError(
+                    f"contact context: at most {MAX_CONTACT_CONTEXT_BYTES} bytes as JSON, "
+                    f"got {size}"
+                )
         steps = self.settings.default_max_steps if max_steps is None else max_steps
         if isinstance(steps, bool) or not isinstance(steps, int):
             raise InvalidRequestError("max_steps must be an integer")
@@ -302,6 +331,8 @@ class Runtime:
             goal=goal.strip(),
             max_steps=steps,
             caller_id=caller_id,
+            requested_by=requested_by,
+            contact_context=contact_context or None,
         )
         return agent, await self.store.create_run(run)
 
@@ -319,6 +350,14 @@ class Runtime:
         """Run an agent autonomously against ``goal`` until it finishes or the budget ends."""
         agent, run = await self._start(org_id, agent_ref, goal, max_steps, name, caller_id)
         return await self._drive(agent, run, on_step)
+
+    async def fail_run(self, org_id: str, run_id: UUID, reason: str) -> TaskRun:
+        """Give up on a RUNNING run: it becomes FAILED with ``reason`` (a supervisor that
+        cannot drive it any more). A run already terminal is returned unchanged."""
+        if not reason.strip():
+            raise InvalidRequestError("a failed run needs a reason")
+        await self.store.fail_run(org_id, run_id, reason)
+        return await self.store.get_run(org_id, run_id)
 
     async def drive_run(
         self, org_id: str, run_id: UUID, *, on_step: StepCallback | None = None
@@ -408,7 +447,7 @@ class Runtime:
             wm = await self.assembler.assemble(  # PERCEIVE
                 agent=agent,
                 mode=AgentMode.AUTONOMOUS,
-                objective=run.goal,
+                objective=run.objective(),
                 observations=observations,
                 step_index=step_index,
                 max_steps=run.max_steps,

@@ -6,6 +6,7 @@ These pydantic models are the boundary types: what is stored, what crosses the s
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -336,12 +337,23 @@ class TaskRun(_Model):
     goal: str
     status: RunStatus = RunStatus.RUNNING
     max_steps: int
-    caller_id: str | None = None
+    caller_id: str | None = Field(default=None, description="the person the run acts for")
+    requested_by: str | None = Field(default=None, description="the principal that started it")
+    contact_context: dict[str, Any] | None = Field(
+        default=None, description="what the requester said about the contact the task concerns"
+    )
     result: str | None = None
     reason: str | None = None
     steps: tuple[Step, ...] = ()
     created_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
+
+    def objective(self) -> str:
+        """What the agent works towards: the goal, and the contact context when there is one."""
+        if not self.contact_context:
+            return self.goal
+        context = json.dumps(self.contact_context, ensure_ascii=False, sort_keys=True)
+        return f"{self.goal}\n\nContact context (JSON): {context}"
 
 
 class SessionStatus(StrEnum):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -105,7 +104,6 @@ RuntimeFactory = Callable[[], Awaitable[Runtime]]
 ExecutorFactory = Callable[[Runtime], "Executor | Awaitable[Executor]"]
 """Builds the executor for the opened runtime (e.g. ``InProcessExecutor``)."""
 
-MAX_CONTACT_CONTEXT_BYTES = 8192
 MAX_WAIT_S = 60.0
 
 
@@ -600,21 +598,15 @@ def _org_router() -> APIRouter:
         """Start an autonomous run of an AUTONOMOUS agent; poll the returned location.
 
         The objective is the payload's first non-empty goal, objective, instructions or
-        description; ``contactContext`` is appended to it as JSON."""
+        description; ``contactContext`` is kept with the run and shown to the agent with it.
+        The run acts for ``callerUserId`` (default: the caller); ``requestedBy`` records the
+        calling principal."""
         payload = body.payload
         goal = payload.objective_text()
         if goal is None:
             raise ApiProblem(
                 422, "payload needs a non-empty goal, objective, instructions or description"
             )
-        if payload.contact_context:
-            context = json.dumps(payload.contact_context, ensure_ascii=False, sort_keys=True)
-            if len(context.encode()) > MAX_CONTACT_CONTEXT_BYTES:
-                raise ApiProblem(
-                    422,
-                    f"payload.contactContext: at most {MAX_CONTACT_CONTEXT_BYTES} bytes as JSON",
-                )
-            goal = f"{goal}\n\nContact context (JSON): {context}"
         run = await state.runtime.start_run(
             org,
             body.agent_id,
@@ -622,6 +614,8 @@ def _org_router() -> APIRouter:
             max_steps=payload.max_steps,
             name=body.name,
             caller_id=payload.caller_user_id or principal.id,
+            requested_by=principal.id,
+            contact_context=payload.contact_context,
         )
         await state.executor.start_run(org, run.id)
         location = f"/api/orgs/{org}/tasks/{run.id}"

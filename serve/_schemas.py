@@ -437,7 +437,9 @@ class TaskSummary(_Out):
     goal: str
     status: RunStatus
     max_steps: int
-    caller_id: str | None
+    caller_id: str | None = Field(description="the person the run acts for")
+    requested_by: str | None = Field(description="the principal that started the run")
+    contact_context: JsonObject | None
     result: str | None
     reason: str | None
     created_at: datetime
@@ -457,6 +459,8 @@ def _summary_fields(run: TaskRun) -> dict[str, Any]:
         "status": run.status,
         "max_steps": run.max_steps,
         "caller_id": run.caller_id,
+        "requested_by": run.requested_by,
+        "contact_context": run.contact_context,
         "result": run.result,
         "reason": run.reason,
         "created_at": run.created_at,

@@ -312,6 +312,29 @@ async def test_a_run_driven_by_its_actor_completes_and_the_actor_exits(
     assert await eventually(lambda: not live_actors(sessions, org, "run"))
 
 
+async def unopenable(settings: Settings) -> Runtime:
+    """A runtime factory that always fails (a model backend that is down, say)."""
+    raise RuntimeError("the model backend is down")
+
+
+async def test_a_run_no_actor_can_drive_ends_failed_with_the_reason(
+    ray_cluster, local, actor_settings, org
+) -> None:
+    sessions = SessionManager(
+        actor_settings,
+        factory=unopenable,
+        policy=SessionPolicy(namespace=f"test-down-{uuid.uuid4().hex[:8]}", run_retry_limit=1),
+    )
+    agent = await local.create_agent(org, "doomed", mode=AgentMode.AUTONOMOUS)
+    run = await local.start_run(org, agent.id, "never driven", max_steps=3)
+    await sessions.start_run(org, run.id)
+    assert await asyncio.wait_for(sessions.wait_run(org, run.id), 60) is RunStatus.FAILED
+    failed = await local.store.get_run(org, run.id)
+    assert failed.reason is not None and failed.reason.startswith("gave up after 2 failed")
+    assert "the model backend is down" in failed.reason
+    assert failed.steps == ()
+
+
 async def test_runs_survive_their_actor_being_killed_at_random_steps(
     ray_cluster, local, actor_settings, org, db
 ) -> None:

@@ -334,9 +334,10 @@ async def test_task_runs_to_completion_with_its_step_log(
     task = r.json()
     assert r.status_code == 200 and task["status"] == "COMPLETED", task
     assert task["result"] == "It is time."
-    assert task["goal"].startswith("Tell me the time\n\nContact context (JSON): ")
-    assert '"name": "Ada"' in task["goal"]
-    assert task["callerId"] == "user-42" and task["name"] == "clock"
+    assert task["goal"] == "Tell me the time"
+    assert task["contactContext"] == {"name": "Ada", "channel": "email"}
+    assert task["callerId"] == "user-42" and task["requestedBy"] == "ada"
+    assert task["name"] == "clock"
 
     first, last = task["steps"]
     assert first["index"] == 0 and first["decision"] == "ACT"

@@ -6,6 +6,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 import pytest
@@ -275,6 +276,55 @@ async def test_a_run_resumes_after_its_last_recorded_step(make_runtime, org) -> 
     # The resumed step saw the observation recorded before the crash.
     last_prompt = [r for r in model.requests if r.schema_name == "proposals"][-1]
     assert "1. current_time [GROUNDING] OK" in (last_prompt.messages[1].content or "")
+
+
+async def test_a_run_keeps_its_requester_and_contact_context_apart_from_its_goal(
+    make_runtime, org
+) -> None:
+    model = ScriptedModelClient(responder=planner(three_step_plan))
+    runtime = await make_runtime(model)
+    agent = await runtime.create_agent(org, "contact", mode=AgentMode.AUTONOMOUS)
+    context = {"name": "Ada", "channel": "email"}
+    run = await runtime.start_run(
+        org,
+        agent.id,
+        "follow up",
+        caller_id="user-42",
+        requested_by="ops-bot",
+        contact_context=context,
+    )
+    await runtime.drive_run(org, run.id)
+    stored = await runtime.store.get_run(org, run.id)
+    assert (stored.goal, stored.caller_id, stored.requested_by) == (
+        "follow up",
+        "user-42",
+        "ops-bot",
+    )
+    assert stored.contact_context == context
+    first_prompt = next(r for r in model.requests if r.schema_name == "proposals")
+    assert 'Contact context (JSON): {"channel": "email", "name": "Ada"}' in "\n".join(
+        m.content or "" for m in first_prompt.messages
+    )
+    assert await runtime.store.run_status(org, run.id) is RunStatus.COMPLETED
+
+    with pytest.raises(InvalidRequestError, match="at most 8192 bytes"):
+        await runtime.start_run(org, agent.id, "x", contact_context={"k": "v" * 9000})
+    assert [r.id for r in await runtime.store.list_runs(org)] == [run.id]
+
+
+async def test_a_supervisor_can_give_up_on_a_run(make_runtime, org) -> None:
+    runtime = await make_runtime(None)
+    agent = await runtime.create_agent(org, "stuck", mode=AgentMode.AUTONOMOUS)
+    run = await runtime.start_run(org, agent.id, "never driven")
+    assert [r.id for r in await runtime.store.running_runs(org)] == [run.id]
+    failed = await runtime.fail_run(org, run.id, "gave up after 5 attempts")
+    assert failed.status is RunStatus.FAILED and failed.reason == "gave up after 5 attempts"
+    assert await runtime.store.running_runs(org) == []
+    # A terminal run stays as it ended.
+    again = await runtime.fail_run(org, run.id, "another reason")
+    assert again.reason == "gave up after 5 attempts"
+    with pytest.raises(NotFoundError):
+        await runtime.store.run_status(org, uuid4())
 
 
 @pytest.mark.parametrize(

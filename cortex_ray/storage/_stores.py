@@ -108,6 +108,8 @@ def _run(row: dict[str, Any], steps: Sequence[Step] = ()) -> TaskRun:
         status=RunStatus(row["status"]),
         max_steps=row["max_steps"],
         caller_id=row["caller_id"],
+        requested_by=row["requested_by"],
+        contact_context=row["contact_context"],
         result=row["result"],
         reason=row["reason"],
         steps=tuple(steps),
@@ -317,8 +319,8 @@ class Store:
             await conn.execute(
                 """
                 INSERT INTO task_runs (org_id, id, agent_id, name, goal, status, max_steps,
-                                       caller_id, created_at)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+                                       caller_id, requested_by, contact_context, created_at)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
                 """,
                 (
                     run.org_id,
@@ -329,6 +331,8 @@ class Store:
                     run.status.value,
                     run.max_steps,
                     run.caller_id,
+                    run.requested_by,
+                    None if run.contact_context is None else Jsonb(run.contact_context),
                     run.created_at,
                 ),
             )
@@ -348,6 +352,36 @@ class Store:
             )
             steps = [_step(r) for r in await cur.fetchall()]
         return _run(row, steps)
+
+    async def run_status(self, org_id: str, run_id: UUID) -> RunStatus:
+        """A run's status alone: one indexed row, no ledger (for polling)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT status FROM task_runs WHERE org_id = %s AND id = %s", (org_id, run_id)
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFoundError(f"task run {run_id} not found in organisation {org_id!r}")
+        return RunStatus(row["status"])
+
+    async def fail_run(self, org_id: str, run_id: UUID, reason: str) -> None:
+        """Move a RUNNING run to FAILED with ``reason``; a terminal run stays as it is."""
+        async with self.db.transaction() as conn:
+            await self.finish_run(conn, org_id, run_id, RunStatus.FAILED, reason=reason)
+
+    async def running_runs(self, org_id: str | None = None, limit: int = 1000) -> list[TaskRun]:
+        """RUNNING runs, oldest first, in one organisation or all (a supervisor's start-up
+        scan: each may need resuming). Without their ledgers."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT * FROM task_runs
+                WHERE status = 'RUNNING' AND (%s::text IS NULL OR org_id = %s)
+                ORDER BY created_at LIMIT %s
+                """,
+                (org_id, org_id, limit),
+            )
+            return [_run(r) for r in await cur.fetchall()]
 
     async def list_runs(
         self, org_id: str, agent_id: UUID | None = None, limit: int = 50
