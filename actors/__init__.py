@@ -17,8 +17,8 @@ from actors._exceptions import SessionBusyError, SessionError, SessionUnavailabl
 from actors._factory import RuntimeFactory, open_runtime
 from actors._manager import SessionManager
 from actors._naming import DIRECTORY_NAME, NAMESPACE, ActorKey
-from actors._policy import SessionPolicy
 from actors._session import AgentSession
+from cortex_ray import SessionPolicy
 
 __all__ = [
     "DIRECTORY_NAME",

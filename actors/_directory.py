@@ -31,9 +31,8 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from actors._factory import RuntimeFactory
 from actors._naming import DIRECTORY_NAME, ActorKey
-from actors._policy import SessionPolicy
 from actors._session import get_or_create
-from cortex_ray import NotFoundError, RunStatus, Settings
+from cortex_ray import NotFoundError, RunStatus, SessionPolicy, Settings
 from cortex_ray.storage import Database, Store
 
 __all__ = ["SessionDirectory", "get_or_create_directory"]

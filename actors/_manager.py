@@ -17,7 +17,6 @@ from actors._directory import get_or_create_directory
 from actors._exceptions import SessionUnavailableError, _SessionPassivating
 from actors._factory import RuntimeFactory, open_runtime
 from actors._naming import ActorKey
-from actors._policy import SessionPolicy
 from actors._session import get_or_create
 from cortex_ray import (
     ConfigurationError,
@@ -25,6 +24,7 @@ from cortex_ray import (
     Principal,
     RunStatus,
     Runtime,
+    SessionPolicy,
     Settings,
     TurnEventRelay,
     TurnEventSink,
@@ -72,7 +72,7 @@ class SessionManager:
             )
         self.settings = settings
         self.factory = factory
-        self.policy = policy or SessionPolicy()
+        self.policy = policy or settings.sessions
 
     @classmethod
     def for_runtime(

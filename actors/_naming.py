@@ -6,10 +6,12 @@ from dataclasses import dataclass
 from typing import Literal
 from uuid import UUID
 
+from cortex_ray import SessionPolicy
+
 __all__ = ["DIRECTORY_NAME", "NAMESPACE", "ActorKey"]
 
-NAMESPACE = "cortex-ray"
-"""The Ray namespace every cortex-ray actor lives in (``SessionPolicy.namespace`` overrides)."""
+NAMESPACE = SessionPolicy.model_fields["namespace"].default
+"""The Ray namespace cortex-ray's actors live in by default (``SessionPolicy.namespace``)."""
 
 DIRECTORY_NAME = "cortex-ray:directory"
 """The supervisor's name; no actor key can take it (keys always hold two slashes)."""

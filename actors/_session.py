@@ -26,12 +26,12 @@ from ray.exceptions import RayError
 from actors._exceptions import SessionBusyError, _SessionPassivating
 from actors._factory import RuntimeFactory
 from actors._naming import DIRECTORY_NAME, ActorKey
-from actors._policy import SessionPolicy
 from cortex_ray import (
     MemoryRecord,
     Principal,
     RunStatus,
     Runtime,
+    SessionPolicy,
     Settings,
     TurnEvent,
     TurnResult,

@@ -26,7 +26,7 @@ from cortex_ray._runtime import (
     build_embedder,
     build_model,
 )
-from cortex_ray._settings import Settings
+from cortex_ray._settings import ApiOptions, SessionPolicy, Settings
 from cortex_ray._types import (
     ActionType,
     Agent,
@@ -65,6 +65,7 @@ __all__ = [
     "Agent",
     "AgentAction",
     "AgentMode",
+    "ApiOptions",
     "Candidate",
     "ConfigurationError",
     "ConflictError",
@@ -90,6 +91,7 @@ __all__ = [
     "Runtime",
     "ScoredMemory",
     "Session",
+    "SessionPolicy",
     "SessionStatus",
     "Settings",
     "Step",

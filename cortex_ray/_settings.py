@@ -1,4 +1,6 @@
-"""The one settings object. Every field can be set by environment (``CORTEX_<FIELD>``)."""
+"""The one settings object. Every field can be set by environment: ``CORTEX_<FIELD>``, and
+for the grouped ones ``CORTEX_API__<FIELD>`` and ``CORTEX_SESSIONS__<FIELD>`` (two
+underscores: pydantic-settings' nested delimiter)."""
 
 from __future__ import annotations
 
@@ -6,10 +8,10 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "default_data_dir"]
+__all__ = ["ApiOptions", "SessionPolicy", "Settings", "default_data_dir"]
 
 
 def default_data_dir() -> Path:
@@ -25,10 +27,68 @@ def default_data_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "cortex-ray"
 
 
+class ApiOptions(BaseModel):
+    """How the HTTP API (``serve/``) is served: ``Settings.api``, ``CORTEX_API__<FIELD>``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = Field(default="127.0.0.1", description="bind address; 0.0.0.0 exposes it")
+    port: int = Field(default=8000, ge=1, le=65535)
+    max_body_bytes: int = Field(
+        default=1024 * 1024, ge=1024, description="larger request bodies get 413"
+    )
+    docs: bool = Field(default=True, description="serve /docs (Swagger UI)")
+    num_replicas: int = Field(
+        default=1,
+        ge=1,
+        description="Serve replicas of the API; keep 1 with the in-process executor",
+    )
+    max_ongoing_requests: int = Field(
+        default=100, ge=1, description="concurrent requests per replica (SSE streams count)"
+    )
+
+
+class SessionPolicy(BaseModel):
+    """How session actors (``actors/``) live: ``Settings.sessions``,
+    ``CORTEX_SESSIONS__<FIELD>``.
+
+    The directory (the supervisor) takes the policy of the manager that created it: managers
+    sharing a namespace should share a policy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str = Field(
+        default="cortex-ray", min_length=1, description="the Ray namespace of the actors"
+    )
+    idle_timeout_s: float = Field(
+        default=300.0, gt=0, description="an idle session actor passivates after this long"
+    )
+    max_live_sessions: int = Field(
+        default=256,
+        ge=1,
+        description="live session actors above this evict the least recently used idle ones",
+    )
+    max_pending_turns: int = Field(
+        default=8,
+        ge=1,
+        description="turns one session holds (running + queued); one more → SessionBusyError",
+    )
+    reactivation_timeout_s: float = Field(
+        default=15.0, gt=0, description="how long a call waits for a passivating actor to go"
+    )
+    run_retry_limit: int = Field(
+        default=5,
+        ge=0,
+        description="failed attempts in a row to drive a run before the run is failed",
+    )
+
+
 class Settings(BaseSettings):
     """Runtime settings; defaults give the embedded, single-machine set-up."""
 
-    model_config = SettingsConfigDict(env_prefix="CORTEX_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="CORTEX_", env_nested_delimiter="__", extra="ignore"
+    )
 
     # storage
     database_url: str | None = Field(
@@ -78,6 +138,10 @@ class Settings(BaseSettings):
     recall_candidates: int = Field(default=50, ge=1)
     recency_decay_per_hour: float = Field(default=0.995, gt=0.0, le=1.0)
     importance_scoring: Literal["model", "heuristic"] = "model"
+
+    # the Ray layers
+    api: ApiOptions = Field(default_factory=ApiOptions)
+    sessions: SessionPolicy = Field(default_factory=SessionPolicy)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -139,7 +139,7 @@ def _load_settings() -> Settings:
         return Settings()
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
+        field = "__".join(str(part) for part in first["loc"])  # nested: CORTEX_API__PORT
         name = f"CORTEX_{field.upper()}" if field else "settings"
         raise ConfigurationError(f"invalid setting {name}: {first['msg']}") from exc
 

@@ -6,7 +6,8 @@ it on this machine, bound to 127.0.0.1 unless configured. Routes, auth and error
 docs/api.md.
 """
 
-from serve._app import ApiOptions, ApiState, ExecutorFactory, RuntimeFactory, create_app
+from cortex_ray import ApiOptions
+from serve._app import ApiState, ExecutorFactory, RuntimeFactory, create_app
 from serve._deployment import (
     DEFAULT_APP_NAME,
     ApiIngress,

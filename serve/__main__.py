@@ -13,7 +13,8 @@ from types import FrameType
 
 import ray
 
-from serve import ApiOptions, run_local
+from cortex_ray import ApiOptions, Settings
+from serve import run_local
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -24,19 +25,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m serve",
         description="Serve the cortex-ray HTTP API on Ray Serve. Settings come from CORTEX_* "
-        "and CORTEX_API_* environment variables.",
+        "and CORTEX_API__* environment variables.",
     )
     parser.add_argument("--host", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default 8000)")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    options = ApiOptions(**overrides)
+    settings = Settings()
+    api = ApiOptions.model_validate({**settings.api.model_dump(), **overrides})
+    settings = settings.model_copy(update={"api": api})
     # A background job inherits SIGINT ignored; a service manager stops us with SIGTERM.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     started_ray = not ray.is_initialized()
     try:
-        api = run_local(options=options)
+        api = run_local(settings)
         print(f"cortex-ray API on {api.url} (docs: {api.url}/docs); Ctrl-C stops it", flush=True)
         try:
             threading.Event().wait()

@@ -24,8 +24,7 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import AwareDatetime, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AwareDatetime
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
@@ -33,6 +32,7 @@ import cortex_ray
 from cortex_ray import (
     Agent,
     AgentMode,
+    ApiOptions,
     Executor,
     InProcessExecutor,
     MemoryKind,
@@ -107,25 +107,14 @@ ExecutorFactory = Callable[[Runtime], "Executor | Awaitable[Executor]"]
 MAX_WAIT_S = 60.0
 
 
-class ApiOptions(BaseSettings):
-    """How the API is served. Every field can be set by environment (``CORTEX_API_<FIELD>``)."""
-
-    model_config = SettingsConfigDict(env_prefix="CORTEX_API_", extra="ignore")
-
-    host: str = Field(default="127.0.0.1", description="bind address; 0.0.0.0 exposes it")
-    port: int = Field(default=8000, ge=1, le=65535)
-    max_body_bytes: int = Field(
-        default=1024 * 1024, ge=1024, description="larger request bodies get 413"
-    )
-    docs: bool = Field(default=True, description="serve /docs (Swagger UI)")
-    num_replicas: int = Field(
-        default=1,
-        ge=1,
-        description="Serve replicas of the API; keep 1 with the in-process executor",
-    )
-    max_ongoing_requests: int = Field(
-        default=100, ge=1, description="concurrent requests per replica (SSE streams count)"
-    )
+def options_for(runtime: Runtime | Settings | object | None) -> ApiOptions:
+    """The serving options of these settings (or of an open runtime's), else the
+    environment's (``CORTEX_API__*``)."""
+    if isinstance(runtime, Runtime):
+        return runtime.settings.api
+    if isinstance(runtime, Settings):
+        return runtime.api
+    return Settings().api
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,12 +292,16 @@ async def _wait_terminal(state: ApiState, org: str, run: TaskRun, wait_s: float)
             pass
         run = await state.runtime.store.get_run(org, run.id)
     delay = 0.01
-    # Driven elsewhere (another replica, a session actor): poll the ledger with back-off.
-    while run.status is RunStatus.RUNNING and (left := deadline - loop.time()) > 0:
+    status = run.status
+    # Driven elsewhere (another replica, a session actor): poll the status (one row) with
+    # back-off, and read the ledger once at the end.
+    while status is RunStatus.RUNNING and (left := deadline - loop.time()) > 0:
         await asyncio.sleep(min(delay, left))
         delay = min(delay * 2, 0.25)
-        run = await state.runtime.store.get_run(org, run.id)
-    return run
+        status = await state.runtime.store.run_status(org, run.id)
+    if status is run.status:
+        return run
+    return await state.runtime.store.get_run(org, run.id)
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -359,9 +352,10 @@ def create_app(
         executor: Drives runs and turns. An ``Executor`` is used as given (the caller closes
             it); a factory gets the opened runtime; ``None`` means an ``InProcessExecutor``.
             Either of the last two is closed at shutdown.
-        options: Limits and serving options (default: from ``CORTEX_API_*``).
+        options: Limits and serving options (default: the settings' ``api``, from
+            ``CORTEX_API__*``).
     """
-    opts = options or ApiOptions()
+    opts = options or options_for(runtime)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

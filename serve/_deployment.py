@@ -14,9 +14,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from cortex_ray import Settings
+from cortex_ray import ApiOptions, Settings
 from cortex_ray.storage import EmbeddedPostgres
-from serve._app import ApiOptions, ExecutorFactory, RuntimeFactory, create_app
+from serve._app import ExecutorFactory, RuntimeFactory, create_app, options_for
 
 try:
     from ray import serve as ray_serve
@@ -39,7 +39,7 @@ class _ApiReplica:
         runtime: ``Settings`` (``None``: from ``CORTEX_*`` in the replica's environment) or a
             picklable async factory returning an open ``Runtime``.
         executor: A picklable factory ``Runtime -> Executor``; ``None``: ``InProcessExecutor``.
-        options: ``ApiOptions`` (``None``: from ``CORTEX_API_*`` in the replica).
+        options: ``ApiOptions`` (``None``: the settings' ``api``, or ``CORTEX_API__*``).
     """
 
     def __init__(
@@ -67,7 +67,7 @@ def build_api(
     options: ApiOptions | None = None,
 ) -> Application:
     """The API as a Serve application (``serve.run(build_api(...))``)."""
-    opts = options or ApiOptions()
+    opts = options or options_for(runtime)
     deployment = ApiIngress.options(
         num_replicas=opts.num_replicas, max_ongoing_requests=opts.max_ongoing_requests
     )
@@ -76,7 +76,7 @@ def build_api(
 
 def app_builder(args: dict[str, Any]) -> Application:
     """For ``serve run serve:app_builder`` and Serve config files: settings from the
-    replica's environment (``CORTEX_*``, ``CORTEX_API_*``); no arguments are read."""
+    replica's environment (``CORTEX_*``, ``CORTEX_API__*``); no arguments are read."""
     if args:
         log.warning("serve.app_builder ignores its arguments: %s", sorted(args))
     return build_api()
@@ -114,10 +114,10 @@ def run_local(
     name no database, the embedded PostgreSQL is started here, in the driver, and its DSN
     handed to the replicas, so every process of the stack shares one server.
     """
-    opts = options or ApiOptions()
-    embedded: EmbeddedPostgres | None = None
     if runtime is None:
         runtime = Settings()
+    opts = options or options_for(runtime)
+    embedded: EmbeddedPostgres | None = None
     if isinstance(runtime, Settings) and not runtime.database_url:
         embedded = EmbeddedPostgres(runtime.data_dir / "pg")
         runtime = runtime.model_copy(update={"database_url": embedded.dsn})

@@ -24,9 +24,8 @@ import ray
 from ray import serve as ray_serve
 
 from actors import SessionManager
-from cortex_ray import AgentMode, Grant, Principal, PrincipalKind, Runtime, Settings
+from cortex_ray import AgentMode, ApiOptions, Grant, Principal, PrincipalKind, Runtime, Settings
 from cortex_ray.models import HashEmbedder
-from serve._app import ApiOptions
 from serve._deployment import run_local
 
 ORG = "demo"

@@ -16,8 +16,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import pydantic
 import pytest
 
+from cortex_ray import ApiOptions, Settings
 from cortex_ray.storage import EmbeddedPostgres
 
 CLI = [sys.executable, "-m", "cortex_ray.cli"]
@@ -204,6 +206,19 @@ def test_unreachable_database_is_one_line_error(cli_env: dict[str, str], org: st
 def test_invalid_setting_is_one_line_error(cli_env: dict[str, str], org: str) -> None:
     result = cortex(cli_env, "--org", org, "agents", "list", CORTEX_MODEL_BACKEND="bogus")
     assert_one_line_error(result, 1, "invalid setting CORTEX_MODEL_BACKEND")
+    nested = cortex(cli_env, "--org", org, "agents", "list", CORTEX_API__PORT="0")
+    assert_one_line_error(nested, 1, "invalid setting CORTEX_API__PORT")
+
+
+def test_the_ray_layers_settings_are_groups_of_the_one_settings_object(monkeypatch) -> None:
+    monkeypatch.setenv("CORTEX_API__PORT", "9001")
+    monkeypatch.setenv("CORTEX_SESSIONS__MAX_LIVE_SESSIONS", "3")
+    monkeypatch.setenv("CORTEX_SESSIONS__NAMESPACE", "team-a")
+    settings = Settings()
+    assert settings.api.port == 9001 and settings.api.host == "127.0.0.1"
+    assert settings.sessions.max_live_sessions == 3 and settings.sessions.namespace == "team-a"
+    with pytest.raises(pydantic.ValidationError):
+        ApiOptions(port=70_000)
 
 
 @pytest.mark.integration
