@@ -40,6 +40,7 @@ _T = TypeVar("_T")
 # Ray's wording for an actor that ended itself (ray.actor.exit_actor): ours only do so when
 # idle, so a call that met such an actor never ran and is safe to send to its successor.
 _INTENDED_EXIT = "INTENDED_USER_EXIT"
+_INTENDED_EXIT_STREAMED = "IntentionalSystemExit"
 
 
 class SessionManager:
@@ -83,7 +84,10 @@ class SessionManager:
         policy: SessionPolicy | None = None,
     ) -> SessionManager:
         """A manager whose actors use the database ``runtime`` has open (embedded or not)."""
-        settings = runtime.settings.model_copy(update={"database_url": runtime.db.dsn})
+        # The runtime's process migrated the database: actors only check its version.
+        settings = runtime.settings.model_copy(
+            update={"database_url": runtime.db.dsn, "migrate": False}
+        )
         return cls(settings, factory=factory, policy=policy)
 
     # the Executor protocol ----------------------------------------------------------------
@@ -193,10 +197,13 @@ class SessionManager:
                         "have taken effect"
                     ) from exc
             except ActorUnavailableError as exc:
-                raise SessionUnavailableError(
-                    f"session {key.id}: its actor crashed during the call (Ray restarts it); "
-                    "it may or may not have taken effect"
-                ) from exc
+                # A streamed call (a turn) that meets an actor which ended itself gets this
+                # instead of ActorDiedError; ours end themselves only when idle: nothing ran.
+                if _INTENDED_EXIT_STREAMED not in str(exc):
+                    raise SessionUnavailableError(
+                        f"session {key.id}: its actor crashed during the call (Ray restarts "
+                        "it); it may or may not have taken effect"
+                    ) from exc
             if time.monotonic() > deadline:
                 raise SessionUnavailableError(
                     f"session {key.id}: no live actor within {self.policy.reactivation_timeout_s} s"

@@ -97,6 +97,11 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=default_data_dir)
     pool_min_size: int = Field(default=1, ge=1)
     pool_max_size: int = Field(default=8, ge=1)
+    migrate: bool = Field(
+        default=True,
+        description="apply migrations on open; False only checks the schema version (session "
+        "actors: the process that started them migrated already)",
+    )
 
     # models
     model_backend: Literal["local", "openai", "none"] = "local"

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from cortex_ray import Settings, StorageError
-from cortex_ray.storage import Database, migrate, schema_head
+from cortex_ray.storage import Database, migrate, schema_head, shipped_head
 
 
 async def test_the_embedded_server_has_pgvector_and_the_schema_at_head(db: Database) -> None:
@@ -49,6 +52,29 @@ async def test_a_configured_dsn_is_used_instead_of_starting_a_server(
         assert list(other_dir.iterdir()) == []  # no embedded server was started there
     finally:
         shutil.rmtree(other_dir, ignore_errors=True)
+
+
+async def test_without_migrations_the_schema_version_is_checked(db: Database) -> None:
+    assert shipped_head() == schema_head()  # the cheap reading agrees with Alembic's
+    checked = await Database.open(Settings(database_url=db.dsn, migrate=False))
+    await checked.close()
+
+    name = f"unmigrated_{uuid.uuid4().hex[:8]}"
+    async with db.connection() as conn:
+        await conn.execute(f"CREATE DATABASE {name}")
+    try:
+        bare = re.sub(r"/postgres\?", f"/{name}?", db.dsn, count=1)
+        assert bare != db.dsn
+        with pytest.raises(
+            StorageError, match=f"schema is at nothing, this code needs {schema_head()}"
+        ):
+            await Database.open(Settings(database_url=bare, migrate=False))
+        async with await psycopg.AsyncConnection.connect(bare, autocommit=True) as conn:
+            cur = await conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+            assert (await cur.fetchone()) == (0,)  # nothing was created
+    finally:
+        async with db.connection() as conn:
+            await conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 async def test_an_unreachable_database_is_a_clear_storage_error() -> None:

@@ -82,6 +82,32 @@ def schema_head() -> str:
     return head
 
 
+def shipped_head() -> str:
+    """The newest revision shipped, read from the migration file names (no Alembic import:
+    cheap enough for every actor start). Revisions are numbered ``0001``, ``0002``, ..."""
+    names = [p.name.split("_", 1)[0] for p in (_MIGRATIONS / "versions").glob("[0-9]*_*.py")]
+    if not names:
+        raise ConfigurationError("no migrations found")
+    return max(names)
+
+
+async def _check_schema(dsn: str) -> None:
+    """Refuse a database whose schema is not the one this code was written for."""
+    want = shipped_head()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        try:
+            cur = await conn.execute("SELECT version_num FROM alembic_version")
+            row = await cur.fetchone()
+        except psycopg.errors.UndefinedTable:
+            row = None
+    have = None if row is None else row[0]
+    if have != want:
+        raise StorageError(
+            f"the database schema is at {have or 'nothing'}, this code needs {want}: open it "
+            "once with migrations on (CORTEX_MIGRATE=true, the default)"
+        )
+
+
 def migrate(dsn: str) -> None:
     """Bring the schema to the newest version with Alembic (blocking; safe to run concurrently)."""
     from alembic import command
@@ -124,7 +150,8 @@ class Database:
 
     @classmethod
     async def open(cls, settings: Settings) -> Database:
-        """Start (or reach) the server, migrate it, and open the pool."""
+        """Start (or reach) the server, migrate it (or, with ``settings.migrate`` off, check
+        that its schema is current), and open the pool."""
         embedded: EmbeddedPostgres | None = None
         if settings.database_url:
             dsn = settings.database_url
@@ -132,8 +159,13 @@ class Database:
             embedded = await asyncio.to_thread(EmbeddedPostgres, settings.data_dir / "pg")
             dsn = embedded.dsn
         try:
-            await asyncio.to_thread(migrate, dsn)
-        except ConfigurationError:
+            if settings.migrate:
+                await asyncio.to_thread(migrate, dsn)
+            else:
+                await _check_schema(dsn)
+        except (ConfigurationError, StorageError):
+            if embedded is not None:
+                embedded.stop()
             raise
         except Exception as exc:
             if embedded is not None:
