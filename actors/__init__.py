@@ -14,7 +14,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from actors._directory import SessionDirectory
 from actors._exceptions import SessionBusyError, SessionError, SessionUnavailableError
-from actors._factory import RuntimeFactory, open_runtime
+from actors._factory import RuntimeFactory, ServedModels, open_runtime
 from actors._manager import SessionManager
 from actors._naming import DIRECTORY_NAME, NAMESPACE, ActorKey
 from actors._session import AgentSession
@@ -26,6 +26,7 @@ __all__ = [
     "ActorKey",
     "AgentSession",
     "RuntimeFactory",
+    "ServedModels",
     "SessionBusyError",
     "SessionDirectory",
     "SessionError",

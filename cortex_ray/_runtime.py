@@ -117,8 +117,14 @@ def build_model(settings: Settings) -> ModelClient | None:
 
 
 def build_embedder(settings: Settings) -> Embedder:
+    """The embedder the settings name: the packaged MiniLM in-process (``local``), an
+    OpenAI-compatible ``/v1/embeddings`` server (``openai``), or the test ``hash``."""
     if settings.embedding_backend == "hash":
         return HashEmbedder(settings.embedding_dim)
+    if settings.embedding_backend == "openai":
+        from cortex_ray.models.openai_embeddings import OpenAICompatibleEmbedder
+
+        return OpenAICompatibleEmbedder.from_settings(settings)
     from cortex_ray.models.embeddings import SentenceTransformerEmbedder
 
     return SentenceTransformerEmbedder(settings.embedding_model, device=settings.embedding_device)

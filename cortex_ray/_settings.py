@@ -118,7 +118,10 @@ class Settings(BaseSettings):
     model_timeout_s: float = Field(default=120.0, gt=0)
     structured_retries: int = Field(default=2, ge=0, le=10)
 
-    embedding_backend: Literal["local", "hash"] = "local"
+    embedding_backend: Literal["local", "hash", "openai"] = "local"
+    embedding_url: str | None = Field(
+        default=None, description="OpenAI-compatible base URL for embedding_backend=openai"
+    )
     embedding_model: str | None = Field(
         default=None, description="sentence-transformers path or name; unset → packaged MiniLM"
     )
@@ -156,4 +159,6 @@ class Settings(BaseSettings):
             raise ValueError("default_max_steps must be <= max_steps_limit")
         if self.model_backend == "openai" and not self.model_url:
             raise ValueError("model_backend=openai needs model_url (CORTEX_MODEL_URL)")
+        if self.embedding_backend == "openai" and not self.embedding_url:
+            raise ValueError("embedding_backend=openai needs embedding_url (CORTEX_EMBEDDING_URL)")
         return self

@@ -15,6 +15,7 @@ from cortex_ray.models.embeddings import (
     SentenceTransformerEmbedder,
     packaged_minilm_path,
 )
+from cortex_ray.models.reranking import Reranker, RerankHit
 from cortex_ray.models.scripted import ScriptedModelClient
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "Embedder",
     "HashEmbedder",
     "ModelClient",
+    "RerankHit",
+    "Reranker",
     "ScriptedModelClient",
     "SentenceTransformerEmbedder",
     "ToolCall",

@@ -17,6 +17,7 @@ import io
 import json
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,8 @@ class LlamaCppClient:
     def supports_json_schema(self) -> bool:
         return True
 
-    def _complete(self, request: ChatRequest) -> ChatResponse:
+    def _prepare(self, request: ChatRequest) -> dict[str, Any]:
+        """``create_chat_completion`` keyword arguments for ``request``."""
         messages = [m.to_openai() for m in request.messages]
         # llama.cpp chat templates know no tool role or tool_calls: flatten them to text.
         for m in messages:
@@ -194,6 +196,34 @@ class LlamaCppClient:
         }
         if schema is not None:
             kwargs["response_format"] = {"type": "json_object", "schema": grammar_safe(schema)}
+        return kwargs
+
+    def stream_sync(self, request: ChatRequest) -> Iterator[tuple[str, str | None]]:
+        """``(text piece, finish reason)`` as the model produces them, for a request without
+        tools (a tool choice is only known once the whole output is decoded).
+
+        Holds the model for the whole generation: iterate it to the end (or close it) in
+        one thread.
+        """
+        if request.tools:
+            raise ValueError("stream_sync does not take tools; use chat()")
+        kwargs = self._prepare(request)
+        with self._lock:
+            try:
+                chunks: Iterator[Any] = self._llama.create_chat_completion(  # type: ignore[assignment]
+                    **kwargs, stream=True
+                )
+                for chunk in chunks:
+                    choice = chunk["choices"][0]
+                    yield str(choice["delta"].get("content") or ""), choice.get("finish_reason")
+            except (ValueError, RuntimeError) as exc:
+                raise ModelError(f"{self.name}: {exc}") from exc
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._llama.tokenize(text.encode(), add_bos=False, special=True))
+
+    def _complete(self, request: ChatRequest) -> ChatResponse:
+        kwargs = self._prepare(request)
         with self._lock:
             try:
                 # Not streamed, so the result is one response dict.

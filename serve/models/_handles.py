@@ -1,0 +1,182 @@
+"""The core's model seams over Serve deployment handles, for code running inside the cluster.
+
+``HandleEmbedder`` is a ``cortex_ray.models.Embedder``, ``HandleModelClient`` a
+``cortex_ray.models.ModelClient`` and ``HandleReranker`` a ``cortex_ray.models.Reranker``:
+an actor or a replica that holds them calls the model deployments directly (one handle hop,
+no HTTP). Outside the cluster, the core's ``OpenAICompatibleEmbedder`` and
+``OpenAICompatibleClient`` reach the same deployments over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from cortex_ray._exceptions import ModelError
+from cortex_ray.models import ChatRequest, ChatResponse, ToolCall, Usage
+from cortex_ray.models.reranking import RerankHit
+from serve.models._builder import DEFAULT_MODELS_APP
+from serve.models._embedder import EMBEDDER_NAME
+from serve.models._llm import LLM_NAME, chat_backend
+from serve.models._openai import ChatCompletionRequest, Failure
+from serve.models._reranker import RERANKER_NAME
+
+try:
+    from ray import serve as ray_serve
+    from ray.serve.handle import DeploymentHandle
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("model serving needs Ray Serve: pip install 'cortex-ray[ray]'") from exc
+
+__all__ = ["HandleEmbedder", "HandleModelClient", "HandleReranker", "ModelHandles"]
+
+
+class HandleEmbedder:
+    """Embeds through the ``Embedder`` deployment (which batches concurrent callers)."""
+
+    def __init__(self, handle: DeploymentHandle[Any], dim: int) -> None:
+        self._handle = handle
+        self._dim = dim
+
+    @classmethod
+    async def connect(cls, handle: DeploymentHandle[Any]) -> HandleEmbedder:
+        info = await handle.info.remote()
+        return cls(handle, int(info["dim"]))
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    async def embed(self, texts: list[str]) -> NDArray[np.float32]:
+        if not texts:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        out: NDArray[np.float32] = await self._handle.embed.remote(texts)
+        return out
+
+
+class HandleModelClient:
+    """Chats through the ``LLM`` deployment (llama.cpp or Ray Serve LLM) in the OpenAI
+    chat-completions format; schemas go as ``response_format``, as over HTTP."""
+
+    def __init__(
+        self,
+        handle: DeploymentHandle[Any],
+        model_id: str,
+        *,
+        backend: Literal["llama_cpp", "vllm"] = "llama_cpp",
+        default_temperature: float = 0.0,
+        default_max_tokens: int = 512,
+    ) -> None:
+        self._backend = chat_backend(backend, handle)
+        self._model = model_id
+        self._temperature = default_temperature
+        self._max_tokens = default_max_tokens
+
+    @property
+    def name(self) -> str:
+        return self._model
+
+    @property
+    def supports_json_schema(self) -> bool:
+        return True
+
+    def _body(self, request: ChatRequest) -> ChatCompletionRequest:
+        body: dict[str, Any] = {
+            "model": self._model,
+            "messages": [m.to_openai() for m in request.messages],
+            "temperature": (
+                self._temperature if request.temperature is None else request.temperature
+            ),
+            "max_tokens": request.max_tokens or self._max_tokens,
+        }
+        if request.tools:
+            body["tools"] = list(request.tools)
+        if request.response_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": request.schema_name, "schema": request.response_schema},
+            }
+        try:
+            return ChatCompletionRequest.model_validate(json.loads(json.dumps(body)))
+        except ValueError as exc:
+            raise ModelError(f"{self._model}: the request is not valid: {exc}") from exc
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        result = await self._backend.chat(self._body(request))
+        if isinstance(result, Failure):
+            raise ModelError(f"{self._model}: {result.message}")
+        choice = result["choices"][0]
+        message = choice["message"]
+        calls = tuple(
+            ToolCall(
+                id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"] or "{}"
+            )
+            for c in message.get("tool_calls") or ()
+            if c.get("type", "function") == "function"
+        )
+        usage = result.get("usage") or {}
+        return ChatResponse(
+            content=message.get("content"),
+            tool_calls=calls,
+            finish_reason=choice.get("finish_reason"),
+            usage=Usage(
+                prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                completion_tokens=int(usage.get("completion_tokens", 0)),
+            ),
+        )
+
+    async def aclose(self) -> None:
+        """Nothing to close: the deployment outlives its callers."""
+
+
+class HandleReranker:
+    """Reranks through the ``Reranker`` deployment; ``available`` is read once at connect."""
+
+    def __init__(
+        self, handle: DeploymentHandle[Any], *, available: bool, reason: str | None
+    ) -> None:
+        self._handle = handle
+        self._available = available
+        self._reason = reason
+
+    @classmethod
+    async def connect(cls, handle: DeploymentHandle[Any]) -> HandleReranker:
+        state = await handle.health.remote()
+        return cls(handle, available=bool(state["available"]), reason=state["reason"])
+
+    @property
+    def available(self) -> bool:
+        return self._available
+
+    @property
+    def reason(self) -> str | None:
+        return self._reason
+
+    async def rerank(
+        self, query: str, documents: list[str], top_n: int | None = None
+    ) -> list[RerankHit]:
+        if not documents:
+            return []
+        result = await self._handle.rerank.remote(query, documents, top_n)
+        if isinstance(result, Failure):
+            raise ModelError(result.message)
+        return [RerankHit(index=i, score=s) for i, s in result]
+
+
+@dataclass
+class ModelHandles:
+    """Handles to a running model-serving app's deployments, by their fixed names."""
+
+    embedder: DeploymentHandle[Any]
+    reranker: DeploymentHandle[Any]
+    llm: DeploymentHandle[Any]
+
+    @classmethod
+    def of_app(cls, app_name: str = DEFAULT_MODELS_APP) -> ModelHandles:
+        def get(name: str) -> DeploymentHandle[Any]:
+            return ray_serve.get_deployment_handle(name, app_name=app_name)
+
+        return cls(get(EMBEDDER_NAME), get(RERANKER_NAME), get(LLM_NAME))

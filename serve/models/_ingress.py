@@ -1,0 +1,354 @@
+"""The OpenAI-compatible HTTP front door of the model deployments (a FastAPI ingress).
+
+Routes: ``GET /v1/models``, ``GET /v1/models/{model}``, ``POST /v1/embeddings``,
+``POST /v1/chat/completions`` (JSON, or server-sent ``data:`` chunks ending with
+``data: [DONE]``), ``POST /v1/rerank`` (the Cohere/Jina shape vLLM serves) and
+``GET /health`` (each model's availability). Bodies are validated strictly before any
+model runs; every refusal is OpenAI's error body (see ``serve/models/_openai.py``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from serve.models._config import ModelServingConfig
+from serve.models._llm import ChatBackend, chat_backend
+from serve.models._openai import (
+    ChatCompletionRequest,
+    EmbeddingsRequest,
+    Failure,
+    FailureError,
+    RerankRequest,
+    completion_id,
+    now,
+)
+
+try:
+    from ray import serve as ray_serve
+    from ray.serve import Deployment
+    from ray.serve.handle import DeploymentHandle
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("model serving needs Ray Serve: pip install 'cortex-ray[ray]'") from exc
+
+__all__ = ["INGRESS_NAME", "ModelIngress", "create_model_app"]
+
+log = logging.getLogger("serve.models")
+
+INGRESS_NAME = "ModelIngress"
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    """``input[2]`` or ``messages[0].role`` from a pydantic error location, without the
+    union-branch tags pydantic adds (``str``, ``list[str]``, ``_RerankDocument``, ...)."""
+    out = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _TYPE_TAGS or "[" in part or part[:1].isupper() or part.startswith("_"):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out or None
+
+
+async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return Failure(400, "the body is not valid JSON", code="invalid_json").response()
+    param = _param(tuple(first.get("loc", ())))
+    kind = str(first.get("type", ""))
+    code = "invalid_type" if kind.endswith("_type") else "invalid_value"
+    if kind == "missing":
+        code = "missing_required_parameter"
+    message = f"{param}: {first.get('msg', 'invalid')}" if param else str(first.get("msg"))
+    return Failure(400, message, param=param, code=code).response()
+
+
+async def _on_http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return Failure(exc.status_code, str(exc.detail), type=kind, code=code).response()
+
+
+async def _on_failure(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FailureError)
+    return exc.failure.response()
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return Failure(500, "internal error", type="server_error", code="internal_error").response()
+
+
+def _sse(item: dict[str, Any]) -> str:
+    return f"data: {json.dumps(item, separators=(',', ':'))}\n\n"
+
+
+def create_model_app(
+    config: ModelServingConfig,
+    *,
+    embedder: DeploymentHandle[Any] | None,
+    reranker: DeploymentHandle[Any] | None,
+    llm: DeploymentHandle[Any] | None,
+) -> FastAPI:
+    """The FastAPI app over the deployments' handles (``None``: not deployed)."""
+    limits = config.ingress
+    chat: ChatBackend | None = (
+        chat_backend(config.llm.backend, llm) if llm is not None and config.llm else None
+    )
+    created = now()
+    app = FastAPI(title="cortex-ray models", docs_url="/docs", redoc_url=None)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(HTTPException, _on_http)
+    app.add_exception_handler(FailureError, _on_failure)
+    app.add_exception_handler(Exception, _on_unexpected)
+
+    dims: list[int] = []
+
+    async def embedding_dim() -> int:
+        assert embedder is not None
+        if not dims:
+            dims.append(int((await embedder.info.remote())["dim"]))
+        return dims[0]
+
+    async def reranker_state() -> dict[str, Any] | None:
+        if reranker is None or config.reranker is None:
+            return None
+        state: dict[str, Any] = await reranker.health.remote()
+        return state
+
+    def check_model(model: str, served: str | None) -> None:
+        if served is None or model != served:
+            raise FailureError(Failure.unknown_model(model, config.model_ids()))
+
+    def check_text(text: str, param: str) -> None:
+        if not text:
+            raise FailureError(Failure(400, f"{param} is empty", param=param, code="empty_input"))
+        if len(text) > limits.max_input_chars:
+            raise FailureError(
+                Failure(
+                    400,
+                    f"{param} has {len(text)} characters; at most {limits.max_input_chars} "
+                    "are accepted",
+                    param=param,
+                    code="input_too_long",
+                )
+            )
+
+    def check_count(n: int, limit: int, param: str) -> None:
+        if n == 0:
+            raise FailureError(Failure(400, f"{param} is empty", param=param, code="empty_input"))
+        if n > limit:
+            raise FailureError(
+                Failure(
+                    400,
+                    f"{param} has {n} items; at most {limit} are accepted",
+                    param=param,
+                    code="too_many_inputs",
+                )
+            )
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        models: dict[str, Any] = {}
+        if embedder is not None and config.embedder:
+            models[config.embedder.model_id] = {
+                "kind": "embedding",
+                **await embedder.health.remote(),
+            }
+        if (state := await reranker_state()) is not None:
+            models[state["model_id"]] = {"kind": "rerank", **state}
+        if llm is not None and config.llm:
+            models[config.llm.served_id] = {
+                "kind": "chat",
+                "model_id": config.llm.served_id,
+                "backend": config.llm.backend,
+                "available": True,
+                "reason": None,
+            }
+        return {"status": "ok", "models": models}
+
+    async def model_cards() -> list[dict[str, Any]]:
+        ids = []
+        if embedder is not None and config.embedder:
+            ids.append(config.embedder.model_id)
+        if (state := await reranker_state()) is not None and state["available"]:
+            ids.append(state["model_id"])
+        if llm is not None and config.llm:
+            ids.append(config.llm.served_id)
+        return [
+            {"id": i, "object": "model", "created": created, "owned_by": "cortex-ray"} for i in ids
+        ]
+
+    @app.get("/v1/models")
+    async def list_models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": await model_cards()})
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str) -> JSONResponse:
+        for card in await model_cards():
+            if card["id"] == model:
+                return JSONResponse(card)
+        raise FailureError(Failure.unknown_model(model, config.model_ids()))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingsRequest) -> Response:
+        check_model(body.model, config.embedder.model_id if embedder and config.embedder else None)
+        assert embedder is not None
+        raw = body.input
+        if isinstance(raw, list) and raw and not all(isinstance(x, str) for x in raw):
+            raise FailureError(
+                Failure(
+                    400,
+                    "token arrays are not supported here; send the text",
+                    param="input",
+                    code="invalid_value",
+                )
+            )
+        texts: list[str] = [raw] if isinstance(raw, str) else [str(x) for x in raw]
+        check_count(len(texts), limits.max_embedding_inputs, "input")
+        for i, text in enumerate(texts):
+            check_text(text, "input" if isinstance(raw, str) else f"input[{i}]")
+        if body.dimensions is not None and body.dimensions != (dim := await embedding_dim()):
+            raise FailureError(
+                Failure(
+                    400,
+                    f"this model has {dim} dimensions and cannot shorten them",
+                    param="dimensions",
+                    code="unsupported_parameter",
+                )
+            )
+        vectors, tokens = await embedder.embed_with_usage.remote(texts)
+        data: list[dict[str, Any]] = []
+        for i, row in enumerate(vectors):
+            value: Any = (
+                base64.b64encode(np.asarray(row, dtype="<f4").tobytes()).decode()
+                if body.encoding_format == "base64"
+                else row.tolist()
+            )
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "model": body.model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    @app.post("/v1/rerank")
+    async def rerank(body: RerankRequest) -> Response:
+        served = config.reranker.model_id if reranker and config.reranker else None
+        check_model(body.model, served)
+        assert reranker is not None
+        check_text(body.query, "query")
+        docs = body.texts()
+        check_count(len(docs), limits.max_rerank_documents, "documents")
+        for i, doc in enumerate(docs):
+            if len(doc) > limits.max_input_chars:
+                check_text(doc, f"documents[{i}]")
+        result = await reranker.rerank.remote(body.query, docs, body.top_n)
+        if isinstance(result, Failure):
+            log.warning("rerank refused: %s", result.message)
+            raise FailureError(result)
+        results = [
+            {
+                "index": index,
+                "relevance_score": score,
+                **({"document": {"text": docs[index]}} if body.return_documents else {}),
+            }
+            for index, score in result
+        ]
+        return JSONResponse(
+            {
+                "id": completion_id("rerank"),
+                "model": body.model,
+                "usage": {"total_tokens": 0},
+                "results": results,
+            }
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> Response:
+        check_model(body.model, config.llm.served_id if chat and config.llm else None)
+        assert chat is not None
+        check_count(len(body.messages), limits.max_messages, "messages")
+        for i, m in enumerate(body.messages):
+            if (text := m.text()) and len(text) > limits.max_input_chars:
+                check_text(text, f"messages[{i}].content")
+        if (limit := body.token_limit()) is not None and limit > limits.max_completion_tokens:
+            param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+            raise FailureError(
+                Failure(
+                    400,
+                    f"{param} is {limit}; at most {limits.max_completion_tokens} are accepted",
+                    param=param,
+                    code="invalid_value",
+                )
+            )
+        if not body.stream:
+            result = await chat.chat(body)
+            if isinstance(result, Failure):
+                raise FailureError(result)
+            return JSONResponse(result)
+        stream = chat.chat_stream(body)
+        first = await anext(stream, None)
+        if isinstance(first, Failure):
+            raise FailureError(first)
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                if first is not None:
+                    yield _sse(first)
+                async for item in stream:
+                    if isinstance(item, Failure):
+                        yield _sse(item.body())
+                        break
+                    yield _sse(item)
+                yield "data: [DONE]\n\n"
+            finally:
+                await stream.aclose()  # type: ignore[attr-defined]
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+class _ModelIngressReplica:
+    """The ingress deployment: the FastAPI app is built in the replica around the handles
+    Serve passes to its constructor."""
+
+    def __init__(
+        self,
+        config: ModelServingConfig,
+        embedder: DeploymentHandle[Any] | None = None,
+        reranker: DeploymentHandle[Any] | None = None,
+        llm: DeploymentHandle[Any] | None = None,
+    ) -> None:
+        self._config = config
+        self._handles = {"embedder": embedder, "reranker": reranker, "llm": llm}
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return create_model_app(self._config, **self._handles)
+
+
+ModelIngress: Deployment = ray_serve.deployment(name=INGRESS_NAME)(
+    ray_serve.ingress()(_ModelIngressReplica)
+)
+"""``ModelIngress.bind(config, embedder=..., reranker=..., llm=...)``."""
