@@ -1,0 +1,614 @@
+"""Hybrid retrieval over published knowledge: BM25 in PostgreSQL, pgvector HNSW, fusion,
+optional reranking, lazy passage vectors and range citations."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import numpy as np
+from numpy.typing import NDArray
+
+from cortex_ray._exceptions import InvalidRequestError
+from cortex_ray.knowledge._bm25 import BM25_B, BM25_K1, query_terms
+from cortex_ray.knowledge._types import Fusion, RetrievalConfig, SearchHit, SearchResult, Tier
+from cortex_ray.knowledge._writer import _SET_VECTORS_SQL, _TO_EMBED_SQL, DIM, vector_literal
+from cortex_ray.models import Embedder, Reranker
+from cortex_ray.storage import Conn, Database
+
+__all__ = ["KnowledgeService", "Publication", "citation", "fuse"]
+
+Ranked = list[tuple[int, float]]
+"""(passage id, score), best first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """The generations a search reads, resolved once at its start."""
+
+    generations: dict[str, int]  # collection → generation
+    passages: int
+    total_length: int
+
+    @property
+    def avgdl(self) -> float:
+        return self.total_length / max(self.passages, 1)
+
+
+def citation(
+    path: str, line_start: int, line_end: int, heading_path: Sequence[str], version: int
+) -> str:
+    """``docs/guide.md:120-134 (Guide › Install) @v3``."""
+    headings = f" ({' › '.join(heading_path)})" if heading_path else ""
+    return f"{path}:{line_start}-{line_end}{headings} @v{version}"
+
+
+def fuse(
+    rankings: Mapping[Tier, Ranked], method: Fusion, *, rrf_k: int = 60, bm25_weight: float = 0.5
+) -> Ranked:
+    """Combine rankings into one, best first (ties broken by passage id for stability).
+
+    RRF sums ``1 / (rrf_k + rank)``. WEIGHTED min-max normalises each list's scores to [0, 1]
+    and sums ``bm25_weight`` times the lexical score and ``1 - bm25_weight`` times the dense
+    one (a passage absent from a list contributes 0 for it).
+    """
+    fused: dict[int, float] = {}
+    for tier, ranked in rankings.items():
+        if not ranked:
+            continue
+        if method is Fusion.RRF:
+            for rank, (pid, _) in enumerate(ranked, start=1):
+                fused[pid] = fused.get(pid, 0.0) + 1.0 / (rrf_k + rank)
+        else:
+            weight = bm25_weight if tier is Tier.BM25 else 1.0 - bm25_weight
+            scores = [s for _, s in ranked]
+            lo, hi = min(scores), max(scores)
+            span = hi - lo
+            for pid, s in ranked:
+                norm = (s - lo) / span if span > 0 else 1.0
+                fused[pid] = fused.get(pid, 0.0) + weight * norm
+    return sorted(fused.items(), key=lambda item: (-item[1], item[0]))
+
+
+_PUBLICATIONS_SQL = """
+SELECT c.name, c.published_generation AS generation, g.passages, g.total_length
+FROM kb_collections c
+JOIN kb_generations g ON g.org_id = c.org_id AND g.id = c.published_generation
+WHERE c.org_id = %(org)s AND (%(names)s::text[] IS NULL OR c.name = ANY(%(names)s::text[]))
+"""
+
+# Impact-ordered candidates, then an exact rescore. Each query term reads at most
+# ``per_term`` postings per collection from the (collection, term, impact DESC) index
+# (NULL: all of them, which makes the result exact); the best ``pool`` by
+# Σ idf · impact are checked against the publication and rescored with its statistics.
+# MATERIALIZED and ``= ANY(ARRAY(...))`` keep the planner from joining all postings.
+_BM25_SQL = f"""
+WITH q AS MATERIALIZED (
+    SELECT ts.term,
+           ln(1 + (%(n)s - sum(ts.df) + 0.5) / (sum(ts.df) + 0.5)) AS idf
+    FROM kb_term_stats ts
+    WHERE ts.org_id = %(org)s AND ts.generation = ANY(%(gens)s::bigint[])
+      AND ts.term = ANY(%(terms)s::text[])
+    GROUP BY ts.term
+),
+top AS MATERIALIZED (
+    SELECT c.passage_id, sum(q.idf * c.impact) AS approx
+    FROM q CROSS JOIN unnest(%(cols)s::text[]) AS col(name)
+    CROSS JOIN LATERAL (
+        SELECT po.passage_id, po.impact FROM kb_postings po
+        WHERE po.org_id = %(org)s AND po.collection = col.name AND po.term = q.term
+        ORDER BY po.impact DESC
+        LIMIT %(per_term)s
+    ) c
+    GROUP BY c.passage_id
+    ORDER BY approx DESC
+    LIMIT %(pool)s
+),
+live AS MATERIALIZED (
+    SELECT p.id, p.length FROM kb_passages p
+    WHERE p.org_id = %(org)s AND p.id = ANY(ARRAY(SELECT passage_id FROM top))
+      AND EXISTS (
+          SELECT 1 FROM kb_generation_sources m
+          WHERE m.org_id = p.org_id AND m.generation = ANY(%(gens)s::bigint[])
+            AND m.source_id = p.source_id AND m.version = p.version)
+)
+SELECT l.id, sum(
+    q.idf * po.tf / (po.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * l.length / %(avgdl)s))
+) AS score
+FROM live l
+JOIN kb_postings po ON po.org_id = %(org)s AND po.passage_id = l.id
+                   AND po.term = ANY(%(terms)s::text[])
+JOIN q ON q.term = po.term
+GROUP BY l.id
+ORDER BY score DESC, l.id
+LIMIT %(k)s
+"""
+
+# The live filter sits inside the scan's query, so pgvector's iterative index scan
+# (hnsw.iterative_scan = relaxed_order, set on every pooled connection) keeps scanning
+# until k rows pass it; the outer ORDER BY restores exact order.
+_PASSAGE_DENSE_SQL = """
+WITH hits AS MATERIALIZED (
+    SELECT p.id, p.embedding <=> %(q)s::halfvec(384) AS distance
+    FROM kb_passages p
+    WHERE p.org_id = %(org)s AND p.collection = ANY(%(cols)s::text[])
+      AND p.embedding IS NOT NULL
+      AND EXISTS (
+          SELECT 1 FROM kb_generation_sources m
+          WHERE m.org_id = p.org_id AND m.generation = ANY(%(gens)s::bigint[])
+            AND m.source_id = p.source_id AND m.version = p.version)
+    ORDER BY distance
+    LIMIT %(k)s
+)
+SELECT id, 1 - distance AS score FROM hits ORDER BY distance, id
+"""
+
+_SECTION_DENSE_SQL = """
+WITH hits AS MATERIALIZED (
+    SELECT s.source_id, s.version, s.ordinal, s.embedding <=> %(q)s::halfvec(384) AS distance
+    FROM kb_sections s
+    WHERE s.org_id = %(org)s AND s.collection = ANY(%(cols)s::text[])
+      AND s.embedding IS NOT NULL
+      AND EXISTS (
+          SELECT 1 FROM kb_generation_sources m
+          WHERE m.org_id = s.org_id AND m.generation = ANY(%(gens)s::bigint[])
+            AND m.source_id = s.source_id AND m.version = s.version)
+    ORDER BY distance
+    LIMIT %(k)s
+)
+SELECT source_id, version, ordinal, 1 - distance AS score FROM hits ORDER BY distance
+"""
+
+# Exact fallbacks: every vector of the publication, scored (the ORDER BY expression is not
+# the index's operator, so no HNSW); reached through the membership and the
+# (source, version) indexes, so their cost is the publication's size.
+_PASSAGE_EXACT_SQL = """
+SELECT p.id, 1 - (p.embedding <=> %(q)s::halfvec(384)) AS score
+FROM kb_generation_sources m
+JOIN kb_passages p ON p.org_id = m.org_id AND p.source_id = m.source_id
+                  AND p.version = m.version
+WHERE m.org_id = %(org)s AND m.generation = ANY(%(gens)s::bigint[])
+  AND p.embedding IS NOT NULL
+ORDER BY score DESC, p.id
+LIMIT %(k)s
+"""
+
+_SECTION_EXACT_SQL = """
+SELECT s.source_id, s.version, s.ordinal, 1 - (s.embedding <=> %(q)s::halfvec(384)) AS score
+FROM kb_generation_sources m
+JOIN kb_sections s ON s.org_id = m.org_id AND s.source_id = m.source_id
+                  AND s.version = m.version
+WHERE m.org_id = %(org)s AND m.generation = ANY(%(gens)s::bigint[])
+  AND s.embedding IS NOT NULL
+ORDER BY score DESC, s.source_id, s.ordinal
+LIMIT %(k)s
+"""
+
+# Passages of the surfaced sections that have no vector yet, best section first.
+_UNEMBEDDED_SQL = """
+SELECT p.id, p.text
+FROM unnest(%(src)s::uuid[], %(ver)s::int[], %(sec)s::int[], %(rank)s::int[])
+     AS s(source_id, version, ordinal, rank)
+JOIN kb_passages p ON p.org_id = %(org)s AND p.source_id = s.source_id
+                  AND p.version = s.version AND p.section_ordinal = s.ordinal
+WHERE p.embedding IS NULL
+ORDER BY s.rank, p.ordinal
+LIMIT %(limit)s
+"""
+
+_HITS_SQL = """
+SELECT p.id, p.collection, p.source_id, p.version, src.path, p.text, p.section_ordinal,
+       p.line_start,
+       p.line_end, p.byte_start, p.byte_end, coalesce(sec.heading_path, '{}') AS heading_path
+FROM kb_passages p
+JOIN kb_sources src ON src.org_id = p.org_id AND src.id = p.source_id
+LEFT JOIN kb_sections sec ON sec.org_id = p.org_id AND sec.source_id = p.source_id
+                         AND sec.version = p.version AND sec.ordinal = p.section_ordinal
+WHERE p.org_id = %(org)s AND p.id = ANY(%(ids)s::bigint[])
+"""
+
+_USAGE_SQL = """
+INSERT INTO kb_passage_usage (org_id, passage_id, hits, last_used_at)
+SELECT %(org)s, id, 1, now() FROM unnest(%(ids)s::bigint[]) AS id ORDER BY id
+ON CONFLICT (org_id, passage_id) DO UPDATE
+   SET hits = kb_passage_usage.hits + 1, last_used_at = now()
+"""
+
+
+class KnowledgeService:
+    """Search published knowledge of an organisation, with citations; fill in passage vectors.
+
+    Args:
+        db: the core's database pool.
+        embedder: the query and passage embedder (384 dimensions, like the stored vectors).
+        reranker: a cross-encoder behind the :class:`Reranker` protocol, if any.
+        config: retrieval knobs; the defaults are the measured ones.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        embedder: Embedder,
+        *,
+        reranker: Reranker | None = None,
+        config: RetrievalConfig | None = None,
+    ) -> None:
+        if embedder.dim != DIM:
+            raise InvalidRequestError(
+                f"the knowledge store holds {DIM}-d vectors, not {embedder.dim}"
+            )
+        self.db = db
+        self.embedder = embedder
+        self.reranker = reranker
+        self.config = config or RetrievalConfig()
+
+    # -- publications ------------------------------------------------------------------
+
+    async def publication(
+        self, org_id: str, collection: str | Sequence[str] | None = None
+    ) -> Publication:
+        names = (
+            [collection]
+            if isinstance(collection, str)
+            else (list(collection) if collection is not None else None)
+        )
+        async with self.db.connection() as conn:
+            cur = await conn.execute(_PUBLICATIONS_SQL, {"org": org_id, "names": names})
+            rows = await cur.fetchall()
+        return Publication(
+            generations={r["name"]: r["generation"] for r in rows},
+            passages=sum(int(r["passages"] or 0) for r in rows),
+            total_length=sum(int(r["total_length"] or 0) for r in rows),
+        )
+
+    # -- the tiers ---------------------------------------------------------------------
+
+    async def bm25(
+        self, org_id: str, pub: Publication, terms: Sequence[str], k: int, *, exact: bool = False
+    ) -> Ranked:
+        """BM25 over the publication: impact-ordered candidates + exact rescore (or all
+        postings of the terms when ``exact``)."""
+        if not terms or not pub.generations:
+            return []
+        cfg = self.config
+        params = {
+            "org": org_id,
+            "n": pub.passages,
+            "avgdl": pub.avgdl,
+            "gens": list(pub.generations.values()),
+            "cols": list(pub.generations),
+            "terms": list(terms),
+            # The budget is per term across the searched collections (each has its own
+            # index range), with a floor so a small collection is never starved.
+            "per_term": None
+            if exact
+            else max(-(-cfg.postings_per_term // len(pub.generations)), 100),
+            "pool": None if exact else max(2 * k, 2 * cfg.bm25_candidates),
+            "k": k,
+        }
+        async with self.db.connection() as conn:
+            cur = await conn.execute(_BM25_SQL, params)
+            return [(r["id"], float(r["score"])) for r in await cur.fetchall()]
+
+    async def _dense(
+        self, sql: str, exact_sql: str, pub: Publication, params: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                "SELECT set_config('hnsw.ef_search', %s, true)", (str(self.config.ef_search),)
+            )
+            cur = await conn.execute(sql, params)
+            rows = await cur.fetchall()
+            # An iterative scan stops at hnsw.max_scan_tuples: a filter that keeps a tiny
+            # share of a big shared index can still come back short. When the searched
+            # publication is small, an exact scan of it is cheap and loses nothing.
+            if len(rows) < params["k"] and pub.passages <= self.config.exact_fallback_passages:
+                cur = await conn.execute(exact_sql, params)
+                rows = await cur.fetchall()
+            return rows
+
+    def _dense_params(
+        self, org_id: str, pub: Publication, vector: NDArray[np.float32], k: int
+    ) -> dict[str, Any]:
+        return {
+            "org": org_id,
+            "q": vector_literal(vector),
+            "cols": list(pub.generations),
+            "gens": list(pub.generations.values()),
+            "k": k,
+        }
+
+    async def passage_dense(
+        self, org_id: str, pub: Publication, vector: NDArray[np.float32], k: int
+    ) -> Ranked:
+        """The ``k`` nearest published passages that have a vector (cosine similarity)."""
+        if not pub.generations:
+            return []
+        params = self._dense_params(org_id, pub, vector, k)
+        rows = await self._dense(_PASSAGE_DENSE_SQL, _PASSAGE_EXACT_SQL, pub, params)
+        return [(r["id"], float(r["score"])) for r in rows]
+
+    async def section_dense(
+        self, org_id: str, pub: Publication, vector: NDArray[np.float32], k: int
+    ) -> list[tuple[UUID, int, int, float]]:
+        """The ``k`` nearest published sections: (source id, version, ordinal, cosine)."""
+        if not pub.generations or k == 0:
+            return []
+        params = self._dense_params(org_id, pub, vector, k)
+        rows = await self._dense(_SECTION_DENSE_SQL, _SECTION_EXACT_SQL, pub, params)
+        return [(r["source_id"], r["version"], r["ordinal"], float(r["score"])) for r in rows]
+
+    async def _embed_lazily(
+        self,
+        org_id: str,
+        sections: Sequence[tuple[UUID, int, int, float]],
+        vector: NDArray[np.float32],
+        limit: int,
+    ) -> Ranked:
+        """Embed (and keep) the vector-less passages of the surfaced sections, up to
+        ``limit``; returns their cosine scores against the query."""
+        if not sections or limit == 0:
+            return []
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                _UNEMBEDDED_SQL,
+                {
+                    "org": org_id,
+                    "src": [s[0] for s in sections],
+                    "ver": [s[1] for s in sections],
+                    "sec": [s[2] for s in sections],
+                    "rank": list(range(len(sections))),
+                    "limit": limit,
+                },
+            )
+            rows = await cur.fetchall()
+        if not rows:
+            return []
+        vectors = await self.embedder.embed([r["text"] for r in rows])
+        ids = [int(r["id"]) for r in rows]
+        async with self.db.connection() as conn:
+            await _store_vectors(conn, org_id, ids, vectors)
+        scores = vectors @ vector
+        return sorted(
+            zip(ids, (float(s) for s in scores), strict=True), key=lambda x: (-x[1], x[0])
+        )
+
+    # -- search ------------------------------------------------------------------------
+
+    async def search(
+        self,
+        org_id: str,
+        query: str,
+        *,
+        collection: str | Sequence[str] | None = None,
+        k: int = 10,
+        fusion: Fusion | str | None = None,
+        bm25_weight: float | None = None,
+        tiers: Collection[Tier | str] | None = None,
+        rerank: bool = True,
+        lazy: bool = True,
+        track_usage: bool = True,
+    ) -> SearchResult:
+        """Hybrid search over the published generations of ``collection`` (one name, several,
+        or every collection of the organisation).
+
+        Args:
+            fusion: ``rrf`` or ``weighted`` (default: ``RetrievalConfig.fusion``).
+            bm25_weight: the lexical weight of weighted fusion (default: the config's).
+            tiers: which tiers may answer (default all): ``bm25``, ``section_dense``,
+                ``passage_dense``.
+            rerank: rerank the fused candidates when a reranker is available.
+            lazy: embed the vector-less passages of the best sections (bounded per query).
+            track_usage: count the returned passages' hits (orders the backfill).
+        """
+        if not query.strip():
+            raise InvalidRequestError("the query is empty")
+        if not 1 <= k <= 100:
+            raise InvalidRequestError(f"k must be between 1 and 100, not {k}")
+        try:
+            method = Fusion(fusion) if fusion is not None else self.config.fusion
+            wanted = {Tier(t) for t in tiers} if tiers is not None else set(Tier)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from exc
+        cfg = self.config
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        pub = await self.publication(org_id, collection)
+        terms = query_terms(query)
+        dense_wanted = bool(wanted & {Tier.SECTION_DENSE, Tier.PASSAGE_DENSE})
+        vector: NDArray[np.float32] | None = None
+        if dense_wanted and pub.generations:
+            t0 = time.perf_counter()
+            vector = (await self.embedder.embed([query]))[0]
+            timings["embed_query"] = _ms(t0)
+
+        async def timed(name: str, coro: Any) -> Any:
+            t0 = time.perf_counter()
+            out = await coro
+            timings[name] = _ms(t0)
+            return out
+
+        no_sections: list[tuple[UUID, int, int, float]] = []
+        bm25_task = (
+            timed("bm25", self.bm25(org_id, pub, terms, max(k, cfg.bm25_candidates)))
+            if Tier.BM25 in wanted
+            else _const([])
+        )
+        passage_task = (
+            timed("passage_dense", self.passage_dense(org_id, pub, vector, cfg.dense_candidates))
+            if vector is not None and Tier.PASSAGE_DENSE in wanted
+            else _const([])
+        )
+        section_task = (
+            timed("section_dense", self.section_dense(org_id, pub, vector, cfg.sections))
+            if vector is not None and Tier.SECTION_DENSE in wanted
+            else _const(no_sections)
+        )
+        lexical, dense, sections = await asyncio.gather(bm25_task, passage_task, section_task)
+        lazily: Ranked = []
+        if lazy and vector is not None and sections:
+            t0 = time.perf_counter()
+            lazily = await self._embed_lazily(org_id, sections, vector, cfg.lazy_passages)
+            timings["lazy_embed"] = _ms(t0)
+        dense_scores = dict(dense)
+        for pid, score in lazily:
+            dense_scores[pid] = score
+        dense_ranked = sorted(dense_scores.items(), key=lambda x: (-x[1], x[0]))
+
+        answered: list[Tier] = []
+        if lexical:
+            answered.append(Tier.BM25)
+        if sections:
+            answered.append(Tier.SECTION_DENSE)
+        if dense_ranked:
+            answered.append(Tier.PASSAGE_DENSE)
+        rankings: dict[Tier, Ranked] = {Tier.BM25: lexical, Tier.PASSAGE_DENSE: dense_ranked}
+        weight = cfg.bm25_weight if bm25_weight is None else bm25_weight
+        if not 0.0 <= weight <= 1.0:
+            raise InvalidRequestError(f"bm25_weight must be between 0 and 1, not {weight}")
+        fused = fuse(rankings, method, rrf_k=cfg.rrf_k, bm25_weight=weight)
+
+        skipped: list[str] = []
+        reranked = False
+        rerank_scores: dict[int, float] = {}
+        pool = fused[: max(k, cfg.rerank_candidates)] if rerank else fused[:k]
+        details = await self._details(org_id, [pid for pid, _ in pool])
+        if not rerank:
+            skipped.append("rerank: not requested")
+        elif self.reranker is None or not self.reranker.available:
+            reason = self.reranker.reason if self.reranker is not None else None
+            skipped.append(f"rerank: {reason or 'no reranker available'}")
+        elif pool:
+            t0 = time.perf_counter()
+            texts = [details[pid]["text"] for pid, _ in pool]
+            ranked = await self.reranker.rerank(query, texts)
+            rerank_scores = {pool[h.index][0]: float(h.score) for h in ranked}
+            # Documents the reranker left out (top_n) keep their order after the scored ones.
+            floor = min(rerank_scores.values(), default=0.0) - 1.0
+            rerank_scores = {pid: rerank_scores.get(pid, floor) for pid, _ in pool}
+            pool = sorted(pool, key=lambda x: (-rerank_scores[x[0]], x[0]))
+            reranked = True
+            timings["rerank"] = _ms(t0)
+        final = pool[:k]
+
+        lexical_scores = dict(lexical)
+        section_keys = {(s[0], s[1], s[2]) for s in sections}
+        hits = []
+        for pid, score in final:
+            row = details[pid]
+            hit_tiers = []
+            if pid in lexical_scores:
+                hit_tiers.append(Tier.BM25)
+            if (row["source_id"], row["version"], row["section_ordinal"]) in section_keys:
+                hit_tiers.append(Tier.SECTION_DENSE)
+            if pid in dense_scores:
+                hit_tiers.append(Tier.PASSAGE_DENSE)
+            hits.append(
+                _hit(
+                    row,
+                    rerank_scores.get(pid, score),
+                    lexical_scores.get(pid),
+                    dense_scores.get(pid),
+                    rerank_scores.get(pid),
+                    tuple(hit_tiers),
+                )
+            )
+        if track_usage and hits:
+            async with self.db.connection() as conn:
+                await conn.execute(
+                    _USAGE_SQL, {"org": org_id, "ids": sorted(h.passage_id for h in hits)}
+                )
+        timings["total"] = _ms(started)
+        return SearchResult(
+            query=query,
+            hits=hits,
+            tiers=answered,
+            fusion=method,
+            reranked=reranked,
+            skipped=skipped,
+            publications=pub.generations,
+            lazily_embedded=len(lazily),
+            timings_ms=timings,
+        )
+
+    async def _details(self, org_id: str, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        if not ids:
+            return {}
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                _HITS_SQL,
+                {"org": org_id, "ids": list(ids)},
+            )
+            return {r["id"]: r for r in await cur.fetchall()}
+
+    # -- backfill ----------------------------------------------------------------------
+
+    async def backfill_passage_vectors(
+        self, org_id: str, collection: str, limit: int, *, batch: int = 256
+    ) -> int:
+        """Embed up to ``limit`` published passages that have no vector, most used first
+        (hit count, then last use, then document order). Returns how many were embedded."""
+        if limit < 0:
+            raise InvalidRequestError("limit must be >= 0")
+        done = 0
+        while done < limit:
+            async with self.db.connection() as conn:
+                cur = await conn.execute(
+                    _TO_EMBED_SQL, (org_id, collection, min(batch, limit - done))
+                )
+                rows = await cur.fetchall()
+            if not rows:
+                break
+            vectors = await self.embedder.embed([r["text"] for r in rows])
+            async with self.db.connection() as conn:
+                await _store_vectors(conn, org_id, [int(r["id"]) for r in rows], vectors)
+            done += len(rows)
+        return done
+
+
+async def _store_vectors(
+    conn: Conn, org_id: str, ids: Sequence[int], vectors: NDArray[np.float32]
+) -> None:
+    await conn.execute(_SET_VECTORS_SQL, (list(ids), [vector_literal(v) for v in vectors], org_id))
+
+
+async def _const(value: Any) -> Any:
+    return value
+
+
+def _ms(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000, 2)
+
+
+def _hit(
+    row: Mapping[str, Any],
+    score: float,
+    bm25_score: float | None,
+    dense_score: float | None,
+    rerank_score: float | None,
+    tiers: tuple[Tier, ...],
+) -> SearchHit:
+    heading = tuple(row["heading_path"])
+    return SearchHit(
+        passage_id=row["id"],
+        collection=row["collection"],
+        source_id=row["source_id"],
+        version=row["version"],
+        path=row["path"],
+        heading_path=heading,
+        line_start=row["line_start"],
+        line_end=row["line_end"],
+        byte_start=row["byte_start"],
+        byte_end=row["byte_end"],
+        citation=citation(row["path"], row["line_start"], row["line_end"], heading, row["version"]),
+        text=row["text"],
+        score=score,
+        bm25_score=bm25_score,
+        dense_score=dense_score,
+        rerank_score=rerank_score,
+        tiers=tiers,
+    )

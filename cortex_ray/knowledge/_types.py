@@ -1,0 +1,138 @@
+"""The knowledge vocabulary at its boundaries: generations, source versions, search results."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Fusion",
+    "GarbageReport",
+    "Generation",
+    "HealthEvent",
+    "PublishReport",
+    "RetrievalConfig",
+    "SearchHit",
+    "SearchResult",
+    "SourceVersion",
+    "Tier",
+]
+
+HealthEvent = Literal["READ_OK", "READ_FAILURE", "DISAPPEARED", "SKIPPED"]
+
+
+class Fusion(StrEnum):
+    """How the lexical and dense rankings are combined."""
+
+    RRF = "rrf"
+    """Reciprocal-rank fusion: ``Σ 1 / (rrf_k + rank)`` over the lists a passage appears in."""
+    WEIGHTED = "weighted"
+    """Min-max normalised scores, ``w · bm25 + (1 - w) · cosine``."""
+
+
+class Tier(StrEnum):
+    """The retrieval tiers a result can come from."""
+
+    BM25 = "bm25"
+    SECTION_DENSE = "section_dense"
+    PASSAGE_DENSE = "passage_dense"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Generation(_Frozen):
+    """One ingestion run's version of a collection; picklable, so jobs can hand it around."""
+
+    org_id: str
+    collection: str
+    id: int
+
+
+class SourceVersion(_Frozen):
+    """A registered source file: its stable id, the version of this content, and whether the
+    published generation already holds exactly this content (then carry it forward)."""
+
+    org_id: str
+    collection: str
+    path: str
+    source_id: UUID
+    version: int
+    unchanged: bool
+
+
+class PublishReport(_Frozen):
+    generation: int
+    previous: int | None
+    passages: int
+    avgdl: float
+    terms: int
+    added_sources: int
+    removed_sources: int
+    publish_ms: float
+    already_published: bool = False
+
+
+class GarbageReport(_Frozen):
+    generations: int
+    source_versions: int
+
+
+class RetrievalConfig(BaseModel):
+    """Retrieval knobs (defaults measured on wiki-ir-dev; see docs/knowledge.md)."""
+
+    fusion: Fusion = Fusion.WEIGHTED
+    rrf_k: int = Field(default=60, ge=1)
+    bm25_weight: float = Field(default=0.05, ge=0.0, le=1.0)
+    postings_per_term: int = Field(default=3000, ge=10)
+    """Impact-ordered postings read per query term before the exact rescore."""
+    bm25_candidates: int = Field(default=100, ge=1)
+    dense_candidates: int = Field(default=100, ge=1)
+    sections: int = Field(default=8, ge=0)
+    """Sections surfaced by the section vectors, whose passages may be embedded lazily."""
+    lazy_passages: int = Field(default=32, ge=0)
+    """At most this many passage vectors are computed while answering one query."""
+    ef_search: int = Field(default=100, ge=10)
+    rerank_candidates: int = Field(default=30, ge=1)
+    exact_fallback_passages: int = Field(default=50_000, ge=0)
+    """When HNSW returns fewer than asked and the searched publication holds at most this many
+    passages, search its vectors exactly instead."""
+
+
+class SearchHit(_Frozen):
+    passage_id: int
+    collection: str
+    source_id: UUID
+    version: int
+    path: str
+    heading_path: tuple[str, ...]
+    line_start: int
+    line_end: int
+    byte_start: int
+    byte_end: int
+    citation: str
+    text: str
+    score: float
+    bm25_score: float | None = None
+    dense_score: float | None = None
+    rerank_score: float | None = None
+    tiers: tuple[Tier, ...] = ()
+
+
+class SearchResult(_Frozen):
+    query: str
+    hits: list[SearchHit]
+    tiers: list[Tier]
+    """The tiers that produced candidates for this query."""
+    fusion: Fusion
+    reranked: bool
+    skipped: list[str] = []
+    """Stages that did not run, each with its reason (e.g. no reranker available)."""
+    publications: dict[str, int] = {}
+    """The generation searched in each collection."""
+    lazily_embedded: int = 0
+    timings_ms: dict[str, float] = {}

@@ -1,0 +1,717 @@
+"""The bulk writer that ingestion jobs use: synchronous (Ray Data UDFs are), one connection.
+
+The publication protocol (docs/knowledge.md):
+
+1. ``begin_generation`` opens a BUILDING generation of a collection.
+2. For each source file: ``register_source`` (stable id per path, a version per content
+   hash). An unchanged source is ``carry_forward``-ed: one membership row, no rewrite.
+   A changed one gets ``write_sections`` / ``write_passages`` (any number of calls, from any
+   number of processes; a retried batch writes nothing twice).
+3. ``mark_disappeared`` records the sources that were not seen this run.
+4. ``publish`` computes the generation's BM25 statistics from the previous publication's
+   plus the difference in membership, and swaps the collection's pointer in one
+   transaction. Until then searches serve the previous publication; a run that dies before
+   publishing leaves it serving, and its rows are reused by a rerun (same content hash → same
+   version → same passage keys) or removed by ``collect_garbage``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import psycopg
+from numpy.typing import NDArray
+from psycopg.rows import dict_row
+
+from cortex_ray._exceptions import InvalidRequestError, NotFoundError, StorageError
+from cortex_ray.knowledge._bm25 import term_counts, tf_factor
+from cortex_ray.knowledge._split import SplitPassage, SplitSection
+from cortex_ray.knowledge._types import (
+    GarbageReport,
+    Generation,
+    HealthEvent,
+    PublishReport,
+    SourceVersion,
+)
+
+__all__ = ["DIM", "KnowledgeWriter", "vector_literal"]
+
+log = logging.getLogger("cortex_ray.knowledge")
+SyncConn = psycopg.Connection[dict[str, Any]]
+DIM = 384
+_DEFAULT_AVGDL = 100.0
+_HEALTH_EVENTS = ("READ_OK", "READ_FAILURE", "DISAPPEARED", "SKIPPED")
+
+
+def vector_literal(vector: NDArray[np.float32] | Sequence[float]) -> str:
+    """pgvector's text form of one vector (accepted by ``vector`` and ``halfvec``)."""
+    return "[" + ",".join(f"{float(x):.6g}" for x in vector) + "]"
+
+
+def _clean(text: str) -> str:
+    # PostgreSQL text cannot hold NUL; a passage with one is from a binary file.
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
+class KnowledgeWriter:
+    """Writes generations of a collection. Not thread-safe: one per worker process."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._conn: SyncConn | None = None
+        self._generations: dict[int, Generation] = {}
+        self._avgdl: dict[tuple[str, str], float] = {}
+        self._seen: dict[tuple[str, str], list[int]] = {}  # [passages, total length]
+
+    # -- connection --------------------------------------------------------------------
+
+    @property
+    def conn(self) -> SyncConn:
+        if self._conn is None or self._conn.closed:
+            try:
+                self._conn = psycopg.connect(self.dsn, row_factory=dict_row, autocommit=True)
+            except psycopg.OperationalError as exc:
+                raise StorageError(f"cannot reach the database: {exc}") from exc
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> KnowledgeWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _one(self, sql: str, params: Any = None) -> dict[str, Any] | None:
+        return self.conn.execute(sql, params).fetchone()
+
+    # -- generations -------------------------------------------------------------------
+
+    def _ensure_collection(self, org_id: str, collection: str) -> None:
+        try:
+            self.conn.execute(
+                "INSERT INTO organisations (id) VALUES (%s) ON CONFLICT DO NOTHING", (org_id,)
+            )
+            self.conn.execute(
+                "INSERT INTO kb_collections (org_id, name) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                (org_id, collection),
+            )
+        except psycopg.errors.CheckViolation as exc:
+            raise InvalidRequestError(
+                f"invalid organisation or collection name: {org_id!r}, {collection!r}"
+            ) from exc
+
+    def begin_generation(self, org_id: str, collection: str) -> Generation:
+        """Open a new BUILDING generation of ``collection`` (created on first use)."""
+        self._ensure_collection(org_id, collection)
+        row = self._one(
+            "INSERT INTO kb_generations (org_id, collection, status) VALUES (%s, %s, 'BUILDING') "
+            "RETURNING id",
+            (org_id, collection),
+        )
+        assert row is not None
+        generation = Generation(org_id=org_id, collection=collection, id=row["id"])
+        self._generations[generation.id] = generation
+        return generation
+
+    def _generation(self, generation: Generation | int) -> Generation:
+        if isinstance(generation, Generation):
+            return generation
+        known = self._generations.get(generation)
+        if known is None:
+            row = self._one(
+                "SELECT org_id, collection FROM kb_generations WHERE id = %s", (generation,)
+            )
+            if row is None:
+                raise NotFoundError(f"no generation {generation}")
+            known = Generation(org_id=row["org_id"], collection=row["collection"], id=generation)
+            self._generations[generation] = known
+        return known
+
+    def _lock_building(self, conn: SyncConn, gen: Generation) -> None:
+        # FOR SHARE: writers proceed together; publish (FOR UPDATE) waits for them.
+        row = conn.execute(
+            "SELECT status FROM kb_generations WHERE org_id = %s AND id = %s FOR SHARE",
+            (gen.org_id, gen.id),
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"no generation {gen.id} in {gen.org_id}")
+        if row["status"] != "BUILDING":
+            raise InvalidRequestError(f"generation {gen.id} is {row['status']}, not BUILDING")
+
+    # -- sources -----------------------------------------------------------------------
+
+    def _upsert_source(self, conn: SyncConn, org_id: str, collection: str, path: str) -> Any:
+        row = conn.execute(
+            """
+            INSERT INTO kb_sources (org_id, id, collection, path) VALUES (%s, %s, %s, %s)
+            ON CONFLICT (org_id, collection, path) DO UPDATE SET path = EXCLUDED.path
+            RETURNING id, next_version
+            """,
+            (org_id, uuid.uuid4(), collection, path),
+        ).fetchone()
+        assert row is not None
+        return row
+
+    def register_source(
+        self, org_id: str, collection: str, path: str, content_hash: str, size_bytes: int
+    ) -> SourceVersion:
+        """The stable id of ``path`` and the version of this content (a new one per new hash).
+
+        ``unchanged`` is true when the collection's published generation already serves
+        exactly this version: carry it forward instead of rewriting it.
+        """
+        if not path or not content_hash:
+            raise InvalidRequestError("a source needs a path and a content hash")
+        self._ensure_collection(org_id, collection)
+        with self.conn.transaction():
+            conn = self.conn
+            source = self._upsert_source(conn, org_id, collection, path)  # row-locked now
+            existing = conn.execute(
+                "UPDATE kb_source_versions SET touched_at = now() "
+                "WHERE org_id = %s AND source_id = %s AND content_hash = %s RETURNING version",
+                (org_id, source["id"], content_hash),
+            ).fetchone()
+            if existing is not None:
+                version = int(existing["version"])
+            else:
+                version = int(source["next_version"])
+                conn.execute(
+                    "INSERT INTO kb_source_versions "
+                    "(org_id, source_id, version, content_hash, size_bytes) "
+                    "VALUES (%s, %s, %s, %s, %s)",
+                    (org_id, source["id"], version, content_hash, size_bytes),
+                )
+                conn.execute(
+                    "UPDATE kb_sources SET next_version = next_version + 1 "
+                    "WHERE org_id = %s AND id = %s",
+                    (org_id, source["id"]),
+                )
+            published = conn.execute(
+                """
+                SELECT m.version FROM kb_collections c
+                JOIN kb_generation_sources m
+                  ON m.org_id = c.org_id AND m.generation = c.published_generation
+                WHERE c.org_id = %s AND c.name = %s AND m.source_id = %s
+                """,
+                (org_id, collection, source["id"]),
+            ).fetchone()
+        return SourceVersion(
+            org_id=org_id,
+            collection=collection,
+            path=path,
+            source_id=source["id"],
+            version=version,
+            unchanged=published is not None and published["version"] == version,
+        )
+
+    def record_health(
+        self, org_id: str, collection: str, path: str, event: HealthEvent, detail: str = ""
+    ) -> None:
+        """Record what happened when the source at ``path`` was last looked at."""
+        if event not in _HEALTH_EVENTS:
+            raise InvalidRequestError(f"unknown health event {event!r}")
+        self._ensure_collection(org_id, collection)
+        with self.conn.transaction():
+            source = self._upsert_source(self.conn, org_id, collection, path)
+            self._health(self.conn, org_id, source["id"], event, detail)
+
+    @staticmethod
+    def _health(conn: SyncConn, org_id: str, source_id: Any, event: str, detail: str) -> None:
+        conn.execute(
+            "INSERT INTO kb_source_events (org_id, source_id, event, detail) "
+            "VALUES (%s, %s, %s, %s)",
+            (org_id, source_id, event, detail[:2000]),
+        )
+        conn.execute(
+            "UPDATE kb_sources SET health = %s, health_detail = %s, health_at = now() "
+            "WHERE org_id = %s AND id = %s",
+            (event, detail[:2000], org_id, source_id),
+        )
+
+    def _include(
+        self, conn: SyncConn, gen: Generation, source_id: Any, version: int, carried: bool
+    ) -> None:
+        conn.execute(
+            """
+            INSERT INTO kb_generation_sources (org_id, generation, source_id, version, carried)
+            VALUES (%s, %s, %s, %s, %s)
+            ON CONFLICT (org_id, generation, source_id) DO UPDATE
+               SET version = EXCLUDED.version, carried = EXCLUDED.carried
+             WHERE kb_generation_sources.version <> EXCLUDED.version
+            """,
+            (gen.org_id, gen.id, source_id, version, carried),
+        )
+
+    def carry_forward(self, generation: Generation | int, source_id: uuid.UUID) -> None:
+        """Put the published version of an unchanged source into ``generation`` (no rewrite)."""
+        gen = self._generation(generation)
+        with self.conn.transaction():
+            self._lock_building(self.conn, gen)
+            row = self.conn.execute(
+                """
+                SELECT m.version FROM kb_collections c
+                JOIN kb_generation_sources m
+                  ON m.org_id = c.org_id AND m.generation = c.published_generation
+                WHERE c.org_id = %s AND c.name = %s AND m.source_id = %s
+                """,
+                (gen.org_id, gen.collection, source_id),
+            ).fetchone()
+            if row is None:
+                raise InvalidRequestError(
+                    f"source {source_id} is not in the published generation of "
+                    f"{gen.collection!r}: write it instead"
+                )
+            self._include(self.conn, gen, source_id, row["version"], carried=True)
+            self.conn.execute(
+                "UPDATE kb_source_versions SET touched_at = now() "
+                "WHERE org_id = %s AND source_id = %s AND version = %s",
+                (gen.org_id, source_id, row["version"]),
+            )
+
+    def _check_source(self, gen: Generation, source: SourceVersion) -> None:
+        if (source.org_id, source.collection) != (gen.org_id, gen.collection):
+            raise InvalidRequestError(
+                f"source {source.path!r} belongs to {source.org_id}/{source.collection}, "
+                f"not to generation {gen.id} of {gen.org_id}/{gen.collection}"
+            )
+
+    # -- content -----------------------------------------------------------------------
+
+    def write_sections(
+        self,
+        generation: Generation | int,
+        source: SourceVersion,
+        sections: Sequence[SplitSection],
+        section_vectors: NDArray[np.float32] | None = None,
+    ) -> int:
+        """Store a document's sections (and their eager vectors); returns the rows written.
+
+        Idempotent per (source version, ordinal); writing a section again with a vector fills
+        in a vector that was missing.
+        """
+        gen = self._generation(generation)
+        self._check_source(gen, source)
+        if section_vectors is not None and section_vectors.shape != (len(sections), DIM):
+            raise InvalidRequestError(
+                f"section_vectors must have shape ({len(sections)}, {DIM}), "
+                f"not {section_vectors.shape}"
+            )
+        vectors: list[str | None] = (
+            [vector_literal(v) for v in section_vectors]
+            if section_vectors is not None
+            else [None] * len(sections)
+        )
+        # One row per ordinal (a merged retry may repeat one; ON CONFLICT DO UPDATE cannot
+        # touch a row twice in one statement).
+        first: dict[int, int] = {}
+        for i, section in enumerate(sections):
+            first.setdefault(section.ordinal, i)
+        if len(first) < len(sections):
+            sections = [sections[i] for i in first.values()]
+            vectors = [vectors[i] for i in first.values()]
+        with self.conn.transaction():
+            self._lock_building(self.conn, gen)
+            self._include(self.conn, gen, source.source_id, source.version, carried=False)
+            if not sections:
+                return 0
+            cur = self.conn.execute(
+                """
+                INSERT INTO kb_sections (org_id, source_id, version, collection, ordinal,
+                    heading_path, line_start, line_end, byte_start, byte_end, summary_text,
+                    embedding)
+                SELECT %(org)s, %(src)s, %(ver)s, %(col)s, t.ordinal,
+                       ARRAY(SELECT jsonb_array_elements_text(t.heading::jsonb)),
+                       t.ls, t.le, t.bs, t.be, t.summary, t.vec::halfvec(384)
+                FROM unnest(%(ordinal)s::int[], %(heading)s::text[], %(ls)s::int[],
+                            %(le)s::int[], %(bs)s::bigint[], %(be)s::bigint[],
+                            %(summary)s::text[], %(vec)s::text[])
+                     AS t(ordinal, heading, ls, le, bs, be, summary, vec)
+                ON CONFLICT (org_id, source_id, version, ordinal) DO UPDATE
+                   SET embedding = EXCLUDED.embedding
+                 WHERE kb_sections.embedding IS NULL AND EXCLUDED.embedding IS NOT NULL
+                """,
+                {
+                    "org": gen.org_id,
+                    "src": source.source_id,
+                    "ver": source.version,
+                    "col": gen.collection,
+                    "ordinal": [s.ordinal for s in sections],
+                    "heading": [json.dumps(list(s.heading_path)) for s in sections],
+                    "ls": [s.span.line_start for s in sections],
+                    "le": [s.span.line_end for s in sections],
+                    "bs": [s.span.byte_start for s in sections],
+                    "be": [s.span.byte_end for s in sections],
+                    "summary": [_clean(s.summary_text) for s in sections],
+                    "vec": vectors,
+                },
+            )
+            return cur.rowcount
+
+    def _avgdl_estimate(self, gen: Generation, lengths: Sequence[int]) -> float:
+        """The average passage length the impacts are computed with.
+
+        The published generation's when there is one; before the first publication, the mean
+        of the lengths this writer has seen (batches are thousands of passages, so workers
+        agree closely). Impacts only order the candidates; scores use the exact statistics.
+        """
+        key = (gen.org_id, gen.collection)
+        if key not in self._avgdl:
+            row = self._one(
+                """
+                SELECT g.total_length::float8 / nullif(g.passages, 0) AS avgdl
+                FROM kb_collections c JOIN kb_generations g
+                  ON g.org_id = c.org_id AND g.id = c.published_generation
+                WHERE c.org_id = %s AND c.name = %s
+                """,
+                key,
+            )
+            if row and row["avgdl"]:
+                self._avgdl[key] = float(row["avgdl"])
+            else:
+                self._seen.setdefault(key, [0, 0])
+        seen = self._seen.get(key)
+        if seen is not None:
+            seen[0] += len(lengths)
+            seen[1] += sum(lengths)
+            return seen[1] / seen[0] if seen[0] and seen[1] else _DEFAULT_AVGDL
+        return self._avgdl[key]
+
+    def write_passages(
+        self, generation: Generation | int, source: SourceVersion, passages: Sequence[SplitPassage]
+    ) -> int:
+        """Store passages and their postings; returns how many were new.
+
+        Idempotent per (source version, passage ordinal): a retried batch inserts nothing twice,
+        and postings are written only for the passages this call inserted, in the same
+        transaction.
+        """
+        gen = self._generation(generation)
+        self._check_source(gen, source)
+        counts: dict[int, Counter[str]] = {}
+        lengths: list[int] = []
+        texts: list[str] = []
+        for p in passages:
+            text = _clean(p.text)
+            frequencies, length = term_counts(text)
+            counts[p.ordinal] = frequencies
+            lengths.append(length)
+            texts.append(text)
+        avgdl = self._avgdl_estimate(gen, lengths)
+        with self.conn.transaction():
+            self._lock_building(self.conn, gen)
+            self._include(self.conn, gen, source.source_id, source.version, carried=False)
+            if not passages:
+                return 0
+            inserted = self.conn.execute(
+                """
+                INSERT INTO kb_passages (org_id, source_id, version, collection, ordinal,
+                    section_ordinal, text, line_start, line_end, byte_start, byte_end, length)
+                SELECT %(org)s, %(src)s, %(ver)s, %(col)s, t.*
+                FROM unnest(%(ordinal)s::int[], %(section)s::int[], %(text)s::text[],
+                            %(ls)s::int[], %(le)s::int[], %(bs)s::bigint[], %(be)s::bigint[],
+                            %(length)s::int[]) AS t
+                ON CONFLICT (org_id, source_id, version, ordinal) DO NOTHING
+                RETURNING id, ordinal, length
+                """,
+                {
+                    "org": gen.org_id,
+                    "src": source.source_id,
+                    "ver": source.version,
+                    "col": gen.collection,
+                    "ordinal": [p.ordinal for p in passages],
+                    "section": [p.section_ordinal for p in passages],
+                    "text": texts,
+                    "ls": [p.span.line_start for p in passages],
+                    "le": [p.span.line_end for p in passages],
+                    "bs": [p.span.byte_start for p in passages],
+                    "be": [p.span.byte_end for p in passages],
+                    "length": lengths,
+                },
+            ).fetchall()
+            if inserted:
+                with self.conn.cursor().copy(
+                    "COPY kb_postings (org_id, passage_id, term, collection, tf, impact) FROM STDIN"
+                ) as copy:
+                    for row in inserted:
+                        for term, tf in counts[row["ordinal"]].items():
+                            copy.write_row(
+                                (
+                                    gen.org_id,
+                                    row["id"],
+                                    term,
+                                    gen.collection,
+                                    tf,
+                                    tf_factor(tf, row["length"], avgdl),
+                                )
+                            )
+            return len(inserted)
+
+    def mark_disappeared(
+        self, generation: Generation | int, paths_seen: Iterable[str]
+    ) -> list[str]:
+        """Record DISAPPEARED for the published sources whose paths this run did not see.
+
+        They are not members of the new generation (nothing carried them), so they stop being
+        served when it is published. Returns their paths.
+        """
+        gen = self._generation(generation)
+        with self.conn.transaction():
+            conn = self.conn
+            conn.execute("CREATE TEMP TABLE kb_seen (path text) ON COMMIT DROP")
+            with conn.cursor().copy("COPY kb_seen (path) FROM STDIN") as copy:
+                for path in paths_seen:
+                    copy.write_row((path,))
+            rows = conn.execute(
+                """
+                SELECT s.id, s.path FROM kb_collections c
+                JOIN kb_generation_sources m
+                  ON m.org_id = c.org_id AND m.generation = c.published_generation
+                JOIN kb_sources s ON s.org_id = m.org_id AND s.id = m.source_id
+                WHERE c.org_id = %s AND c.name = %s
+                  AND NOT EXISTS (SELECT 1 FROM kb_seen k WHERE k.path = s.path)
+                ORDER BY s.path
+                """,
+                (gen.org_id, gen.collection),
+            ).fetchall()
+            for row in rows:
+                self._health(conn, gen.org_id, row["id"], "DISAPPEARED", "not seen by the run")
+        return [r["path"] for r in rows]
+
+    # -- publish and collect -----------------------------------------------------------
+
+    def publish(self, generation: Generation | int) -> PublishReport:
+        """Make ``generation`` the one searches serve, atomically; idempotent.
+
+        Computes the publication's BM25 statistics incrementally: N, total length and each
+        term's document frequency are the previous publication's plus those of the source
+        versions that entered and minus those that left, so the cost follows the change, not
+        the size of the collection (the vocabulary itself is copied once per publication).
+        """
+        gen = self._generation(generation)
+        started = time.perf_counter()
+        with self.conn.transaction():
+            conn = self.conn
+            coll = conn.execute(
+                "SELECT published_generation FROM kb_collections "
+                "WHERE org_id = %s AND name = %s FOR UPDATE",
+                (gen.org_id, gen.collection),
+            ).fetchone()
+            row = conn.execute(
+                "SELECT status, passages, total_length, publish_ms FROM kb_generations "
+                "WHERE org_id = %s AND id = %s FOR UPDATE",
+                (gen.org_id, gen.id),
+            ).fetchone()
+            if coll is None or row is None:
+                raise NotFoundError(f"no generation {gen.id} in {gen.org_id}/{gen.collection}")
+            previous: int | None = coll["published_generation"]
+            if row["status"] == "PUBLISHED":
+                return PublishReport(
+                    generation=gen.id,
+                    previous=None,
+                    passages=row["passages"],
+                    avgdl=row["total_length"] / max(row["passages"], 1),
+                    terms=0,
+                    added_sources=0,
+                    removed_sources=0,
+                    publish_ms=row["publish_ms"],
+                    already_published=True,
+                )
+            if row["status"] != "BUILDING":
+                raise InvalidRequestError(f"generation {gen.id} is {row['status']}")
+            if previous is not None and previous > gen.id:
+                raise InvalidRequestError(
+                    f"a newer generation ({previous}) of {gen.collection!r} is already published"
+                )
+            params = {"org": gen.org_id, "new": gen.id, "prev": previous}
+            conn.execute(
+                "CREATE TEMP TABLE kb_delta (source_id uuid, version int, sign int) ON COMMIT DROP"
+            )
+            conn.execute(
+                "CREATE TEMP TABLE kb_delta_passages (id bigint, length int, sign int) "
+                "ON COMMIT DROP"
+            )
+            conn.execute(
+                """
+                INSERT INTO kb_delta
+                SELECT source_id, version, sum(sign)::int AS sign FROM (
+                    SELECT source_id, version, 1 AS sign FROM kb_generation_sources
+                     WHERE org_id = %(org)s AND generation = %(new)s
+                    UNION ALL
+                    SELECT source_id, version, -1 FROM kb_generation_sources
+                     WHERE org_id = %(org)s AND generation = %(prev)s
+                ) m GROUP BY source_id, version HAVING sum(sign) <> 0
+                """,
+                params,
+            )
+            conn.execute(
+                """
+                INSERT INTO kb_delta_passages
+                SELECT p.id, p.length, d.sign FROM kb_delta d
+                JOIN kb_passages p ON p.org_id = %(org)s AND p.source_id = d.source_id
+                                  AND p.version = d.version
+                """,
+                params,
+            )
+            totals = conn.execute(
+                """
+                SELECT coalesce(g.passages, 0) + coalesce(d.n, 0) AS passages,
+                       coalesce(g.total_length, 0) + coalesce(d.len, 0) AS total_length
+                FROM (SELECT sum(sign) AS n, sum(sign * length) AS len FROM kb_delta_passages) d
+                LEFT JOIN kb_generations g ON g.org_id = %(org)s AND g.id = %(prev)s
+                """,
+                params,
+            ).fetchone()
+            assert totals is not None
+            terms = conn.execute(
+                """
+                INSERT INTO kb_term_stats (org_id, generation, term, df)
+                SELECT %(org)s, %(new)s, term, sum(df) FROM (
+                    SELECT term, df FROM kb_term_stats
+                     WHERE org_id = %(org)s AND generation = %(prev)s
+                    UNION ALL
+                    SELECT po.term, sum(d.sign)::int FROM kb_delta_passages d
+                    JOIN kb_postings po ON po.org_id = %(org)s AND po.passage_id = d.id
+                    GROUP BY po.term
+                ) s GROUP BY term HAVING sum(df) > 0
+                """,
+                params,
+            ).rowcount
+            delta = conn.execute(
+                "SELECT count(*) FILTER (WHERE sign > 0) AS added, "
+                "count(*) FILTER (WHERE sign < 0) AS removed FROM kb_delta"
+            ).fetchone()
+            assert delta is not None
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            conn.execute(
+                "UPDATE kb_generations SET status = 'RETIRED' WHERE org_id = %(org)s "
+                "AND id = %(prev)s",
+                params,
+            )
+            conn.execute(
+                """
+                UPDATE kb_generations SET status = 'PUBLISHED', published_at = now(),
+                       passages = %(n)s, total_length = %(len)s, publish_ms = %(ms)s
+                WHERE org_id = %(org)s AND id = %(new)s
+                """,
+                {
+                    **params,
+                    "n": totals["passages"],
+                    "len": totals["total_length"],
+                    "ms": elapsed_ms,
+                },
+            )
+            conn.execute(
+                "UPDATE kb_collections SET published_generation = %(new)s, published_at = now() "
+                "WHERE org_id = %(org)s AND name = %(col)s",
+                {**params, "col": gen.collection},
+            )
+        passages = int(totals["passages"])
+        report = PublishReport(
+            generation=gen.id,
+            previous=previous,
+            passages=passages,
+            avgdl=float(totals["total_length"]) / max(passages, 1),
+            terms=terms,
+            added_sources=int(delta["added"]),
+            removed_sources=int(delta["removed"]),
+            publish_ms=elapsed_ms,
+        )
+        self._avgdl.pop((gen.org_id, gen.collection), None)
+        self._seen.pop((gen.org_id, gen.collection), None)
+        log.info("published %s/%s generation %s: %s", gen.org_id, gen.collection, gen.id, report)
+        return report
+
+    def collect_garbage(self, org_id: str, collection: str) -> GarbageReport:
+        """Delete retired and abandoned generations and the source versions no live one uses.
+
+        A BUILDING generation older than the published one is abandoned (a later run
+        published). Source versions registered or carried since the oldest generation still
+        building began are kept, so collecting while an ingest runs is safe.
+        """
+        with self.conn.transaction():
+            conn = self.conn
+            coll = conn.execute(
+                "SELECT published_generation FROM kb_collections "
+                "WHERE org_id = %s AND name = %s FOR UPDATE",
+                (org_id, collection),
+            ).fetchone()
+            if coll is None:
+                raise NotFoundError(f"no collection {collection!r} in {org_id}")
+            params = {"org": org_id, "col": collection, "pub": coll["published_generation"]}
+            conn.execute(
+                "UPDATE kb_generations SET status = 'ABANDONED' WHERE org_id = %(org)s "
+                "AND collection = %(col)s AND status = 'BUILDING' AND id < %(pub)s",
+                params,
+            )
+            generations = conn.execute(
+                "DELETE FROM kb_generations WHERE org_id = %(org)s AND collection = %(col)s "
+                "AND status IN ('RETIRED', 'ABANDONED')",
+                params,
+            ).rowcount
+            versions = conn.execute(
+                """
+                DELETE FROM kb_source_versions v USING kb_sources s
+                WHERE s.org_id = %(org)s AND s.collection = %(col)s
+                  AND v.org_id = s.org_id AND v.source_id = s.id
+                  AND NOT EXISTS (
+                      SELECT 1 FROM kb_generation_sources m
+                      WHERE m.org_id = v.org_id AND m.source_id = v.source_id
+                        AND m.version = v.version)
+                  AND v.touched_at < coalesce(
+                      (SELECT min(created_at) FROM kb_generations
+                        WHERE org_id = %(org)s AND collection = %(col)s
+                          AND status = 'BUILDING'),
+                      'infinity')
+                """,
+                params,
+            ).rowcount
+        return GarbageReport(generations=generations, source_versions=versions)
+
+    # -- backfill (for jobs that embed with a remote model) ----------------------------
+
+    def passages_to_embed(self, org_id: str, collection: str, limit: int) -> list[tuple[int, str]]:
+        """Published passages without a vector, most used first: ``(passage id, text)``."""
+        rows = self.conn.execute(_TO_EMBED_SQL, (org_id, collection, limit)).fetchall()
+        return [(r["id"], r["text"]) for r in rows]
+
+    def write_passage_vectors(
+        self, org_id: str, passage_ids: Sequence[int], vectors: NDArray[np.float32]
+    ) -> int:
+        """Store passage vectors computed elsewhere; returns how many rows were updated."""
+        if vectors.shape != (len(passage_ids), DIM):
+            raise InvalidRequestError(f"vectors must have shape ({len(passage_ids)}, {DIM})")
+        return self.conn.execute(
+            _SET_VECTORS_SQL,
+            (list(passage_ids), [vector_literal(v) for v in vectors], org_id),
+        ).rowcount
+
+
+# Published passages of one collection without a vector, most used first (hit count, then
+# most recent use), then in document order.
+_TO_EMBED_SQL = """
+SELECT p.id, p.text
+FROM kb_collections c
+JOIN kb_generation_sources m ON m.org_id = c.org_id AND m.generation = c.published_generation
+JOIN kb_passages p ON p.org_id = m.org_id AND p.source_id = m.source_id AND p.version = m.version
+LEFT JOIN kb_passage_usage u ON u.org_id = p.org_id AND u.passage_id = p.id
+WHERE c.org_id = %s AND c.name = %s AND p.embedding IS NULL
+ORDER BY u.hits DESC NULLS LAST, u.last_used_at DESC NULLS LAST, p.id
+LIMIT %s
+"""
+
+_SET_VECTORS_SQL = """
+UPDATE kb_passages p SET embedding = v.vec::halfvec(384)
+FROM unnest(%s::bigint[], %s::text[]) AS v(id, vec)
+WHERE p.org_id = %s AND p.id = v.id AND p.embedding IS NULL
+"""
