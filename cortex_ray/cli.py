@@ -1,5 +1,5 @@
 """The ``cortex-ray`` command line: agents, autonomous runs and their step logs, API keys,
-and ``serve`` (the HTTP API on Ray Serve, from the ``serve`` package when installed).
+and ``ingest`` (runs the Ray ingestion job ``python -m jobs.ingest`` as its own process).
 
 Typer parses the command line and rich draws the spinner, the live step lines and the
 tables (see STYLE.md: we do not write CLI parsing or progress bars by hand). Settings come
@@ -13,8 +13,10 @@ Exit codes: 0 success; 1 a cortex-ray error (not found, storage, configuration, 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
+import sys
 import warnings
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
@@ -477,6 +479,33 @@ def agents_list(ctx: typer.Context) -> None:
         return 0
 
     _execute(work())
+
+
+@app.command("ingest", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def ingest_command(
+    ctx: typer.Context,
+    collection: Annotated[str, typer.Argument(help="The collection to (re)build.")],
+    paths: Annotated[list[str], typer.Argument(help="Files or folders to ingest.")],
+) -> None:
+    """Ingest files and folders into a knowledge collection (the streamed Ray Data job).
+
+    Runs ``python -m jobs.ingest`` here, on a local Ray, with a progress bar; further options
+    (--no-embed, --address, --database-url, --num-cpus) are passed on to the job. On a cluster,
+    submit the same module with ``ray job submit`` (docs/ingestion.md).
+    """
+    # The job lives in the Ray layer (jobs/), which the core never imports: it runs as its own
+    # process, exactly as ``ray job submit`` would run it.
+    if importlib.util.find_spec("jobs") is None:
+        _fail(
+            "the ingestion job is not installed: run from a cortex-ray checkout or "
+            "pip install 'cortex-ray[ray]'",
+            EXIT_ERROR,
+        )
+    argv = [sys.executable, "-m", "jobs.ingest", "--org", _org(ctx), "--collection", collection]
+    argv += [*paths, *ctx.args]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
 
 
 @runs_app.command("show")

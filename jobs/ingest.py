@@ -1,0 +1,377 @@
+"""Streamed ingestion job: ``python -m jobs.ingest --org ORG --collection NAME PATH...``.
+
+Submit it to a cluster with ``ray job submit --working-dir . -- python -m jobs.ingest ...``
+(see docs/ingestion.md), or run it on one machine (it starts a local Ray when no cluster is
+reachable; ``cortex-ray ingest`` does exactly that). It lists the files under each PATH,
+opens a BUILDING generation of the collection, runs the Ray Data pipeline of
+``jobs._pipeline`` (check → register → split → write, sections embedded eagerly), records
+sources that disappeared, publishes the generation atomically and collects garbage. If the
+run fails before publishing, the previous publication keeps serving.
+
+The report (counts: files read, skipped by reason, unchanged, sections, passages, bytes) is
+printed as one JSON object on stdout; progress goes to stderr (a progress bar on a terminal,
+a line every few seconds otherwise, e.g. in ``ray job logs``). Exit codes: 0 published,
+1 a configuration or storage error, 2 invalid arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import pyarrow as pa
+import typer
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from cortex_ray._exceptions import CortexError, InvalidRequestError
+from cortex_ray._settings import Settings
+from cortex_ray.knowledge._read import ListedFile, list_files
+from cortex_ray.knowledge._split import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_PASSAGE_BYTES
+from cortex_ray.knowledge._types import Generation
+from cortex_ray.knowledge._writer import KnowledgeWriter
+from cortex_ray.storage import EmbeddedPostgres, migrate
+from jobs._pipeline import IngestOptions, SectionWriter, SourceFilesDatasource, plan_units
+
+__all__ = ["IngestReport", "Progress", "main", "run_ingest"]
+
+log = logging.getLogger("cortex_ray.jobs.ingest")
+
+# Ray Data may keep this much of its output in the object store before it pauses the read
+# tasks (its default budget is a share of the store: gigabytes on a big machine).
+OBJECT_STORE_BUDGET = 256 << 20
+
+
+@dataclass
+class Progress:
+    """What the driver knows so far; handed to the progress callback after every block."""
+
+    total_files: int
+    total_bytes: int
+    files: int = 0
+    bytes: int = 0
+    passages: int = 0
+
+
+@dataclass
+class IngestReport:
+    """The outcome of one run: counts, the generation and what publishing reported."""
+
+    org: str
+    collection: str
+    generation: int
+    files: int = 0  # every file listed under the roots
+    bytes: int = 0  # their total size
+    read: int = 0  # split and written (new content)
+    unchanged: int = 0  # same content hash as the published version: carried forward
+    skipped: dict[str, int] = field(default_factory=dict)  # by reason (not sources, bad input)
+    failed: int = 0  # read failures (health READ_FAILURE)
+    sections: int = 0
+    passages: int = 0
+    bytes_read: int = 0  # size of the files split
+    disappeared: list[str] = field(default_factory=list)
+    published: dict[str, Any] | None = None
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (path, why), first 50
+    seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: list, pipeline, publish
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str)
+
+
+def _configure_ray_data(show_ray_progress: bool) -> None:
+    from ray.data import DataContext, ExecutionResources
+
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = show_ray_progress
+    ctx.execution_options.resource_limits = ExecutionResources(
+        object_store_memory=OBJECT_STORE_BUDGET
+    )
+
+
+def _bulk_dsn(dsn: str) -> str:
+    """The read tasks' DSN: their commits do not wait for the WAL flush.
+
+    Safe for this protocol: nothing is served until ``publish``, which commits synchronously
+    from the driver's own connection; its flush makes every earlier commit durable too (the
+    WAL is sequential), and a crash before it leaves an unpublished generation that a rerun
+    redoes. Without it each file's four small transactions each wait for an fsync.
+    """
+    params = conninfo_to_dict(dsn)
+    options = str(params.get("options") or "")
+    params["options"] = f"{options} -c synchronous_commit=off".strip()
+    return make_conninfo(**{k: str(v) for k, v in params.items() if v is not None})
+
+
+def run_ingest(
+    org: str,
+    collection: str,
+    paths: Sequence[Path],
+    *,
+    dsn: str | None,
+    embed: bool = True,
+    on_progress: Callable[[Progress], None] | None = None,
+    max_passage_bytes: int = DEFAULT_MAX_PASSAGE_BYTES,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    unit_bytes: int = 8 << 20,
+    show_ray_progress: bool = False,
+) -> IngestReport:
+    """Ingest ``paths`` into ``org``/``collection`` on the Ray that is initialised (or a
+    local one); publishes a new generation and returns the report.
+
+    ``dsn=None`` is a dry run: files are checked and split, nothing is written (no database).
+    """
+    import ray
+
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise InvalidRequestError(f"no such file or folder: {', '.join(missing)}")
+    if not ray.is_initialized():
+        ray.init()
+    started = time.perf_counter()
+    files: list[ListedFile] = list(list_files(paths))
+    progress = Progress(total_files=len(files), total_bytes=sum(f.size for f in files))
+    writer = KnowledgeWriter(dsn) if dsn else None
+    with writer or contextlib.nullcontext():
+        generation = (
+            writer.begin_generation(org, collection)
+            if writer
+            else Generation(org_id=org, collection=collection, id=0)
+        )
+        report = IngestReport(org, collection, generation.id, files=len(files))
+        report.bytes = progress.total_bytes
+        options = IngestOptions(
+            dsn=_bulk_dsn(dsn) if dsn else None,
+            generation=generation,
+            embed=embed,
+            max_passage_bytes=max_passage_bytes,
+            max_line_bytes=max_line_bytes,
+        )
+        _configure_ray_data(show_ray_progress)
+        units = plan_units(files, unit_bytes=unit_bytes)
+        # One block stream per unit: without the override Ray Data would split each read
+        # task's output to reach its default parallelism (pointless for these small rows).
+        ds = ray.data.read_datasource(
+            SourceFilesDatasource(units, options), override_num_blocks=max(len(units), 1)
+        )
+        if embed and dsn:
+            ds = ds.map_batches(
+                SectionWriter,
+                fn_constructor_kwargs={"dsn": dsn, "generation": generation},
+                batch_size=None,
+                batch_format="pyarrow",
+                concurrency=1,
+                # It mostly waits for blocks; reserving a CPU would starve the read tasks on
+                # a one-CPU cluster.
+                num_cpus=0,
+            )
+        skipped: Counter[str] = Counter()
+        in_progress: dict[str, int] = {}
+        report.phases["list"] = round(time.perf_counter() - started, 3)
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            assert isinstance(batch, pa.Table)
+            for row in batch.to_pylist():
+                _count(row, report, skipped, progress, in_progress)
+            if on_progress is not None:
+                on_progress(progress)
+        report.skipped = dict(sorted(skipped.items()))
+        report.phases["pipeline"] = round(time.perf_counter() - started, 3) - report.phases["list"]
+        if writer is not None:
+            report.disappeared = writer.mark_disappeared(generation, [f.key for f in files])
+            report.published = writer.publish(generation).model_dump()
+            writer.collect_garbage(org, collection)
+    report.seconds = round(time.perf_counter() - started, 3)
+    report.phases["publish"] = round(
+        report.seconds - report.phases["list"] - report.phases["pipeline"], 3
+    )
+    return report
+
+
+def _count(
+    row: dict[str, Any],
+    report: IngestReport,
+    skipped: Counter[str],
+    progress: Progress,
+    in_progress: dict[str, int],
+) -> None:
+    kind = row["kind"]
+    if kind == "progress":
+        in_progress[row["key"]] = in_progress.get(row["key"], 0) + row["bytes"]
+        progress.bytes += row["bytes"]
+        return
+    if kind != "file":
+        return
+    status = row["status"]
+    progress.files += 1
+    progress.bytes += row["bytes"] - in_progress.pop(row["key"], 0)
+    if status == "written":
+        report.read += 1
+        report.bytes_read += row["bytes"]
+        report.sections += row["sections"]
+        report.passages += row["passages"]
+        progress.passages += row["passages"]
+    elif status == "unchanged":
+        report.unchanged += 1
+    elif status == "skipped":
+        skipped[row["reason"]] += 1
+    else:
+        report.failed += 1
+        if len(report.failures) < 50:
+            report.failures.append((row["key"], row["reason"]))
+
+
+# command line ----------------------------------------------------------------------------
+
+
+def _resolve_dsn(database_url: str | None) -> tuple[str, EmbeddedPostgres | None]:
+    """The DSN to use, and the embedded server this process started (to stop at the end)."""
+    settings = Settings()
+    url = database_url or settings.database_url
+    if url:
+        return url, None
+    embedded = EmbeddedPostgres(settings.data_dir / "pg")
+    return embedded.dsn, embedded
+
+
+class _Reporter:
+    """Progress to stderr: a rich bar on a terminal, a plain line every few seconds otherwise
+    (``ray job logs``, CI)."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.console import Console
+
+        self._console = Console(stderr=True)
+        self._enabled = enabled
+        self._bar: Any = None
+        self._task: Any = None
+        self._last = 0.0
+
+    def __enter__(self) -> _Reporter:
+        if self._enabled and self._console.is_terminal:
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+            from rich.progress import Progress as Bar
+
+            self._bar = Bar(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TextColumn("{task.fields[files]}"),
+                TimeRemainingColumn(),
+                console=self._console,
+            )
+            self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+
+    def __call__(self, p: Progress) -> None:
+        if not self._enabled:
+            return
+        if self._bar is not None:
+            if self._task is None:
+                self._task = self._bar.add_task("ingesting", total=p.total_bytes, files="")
+            self._bar.update(
+                self._task,
+                completed=p.bytes,
+                description=f"{p.passages} passages",
+                files=f"{p.files}/{p.total_files} files",
+            )
+            return
+        now = time.monotonic()
+        if now - self._last >= 5 or p.files == p.total_files:
+            self._last = now
+            self._console.print(
+                f"ingest: {p.bytes / 1e6:.1f}/{p.total_bytes / 1e6:.1f} MB, "
+                f"{p.files}/{p.total_files} files, {p.passages} passages",
+                highlight=False,
+            )
+
+
+def main(
+    paths: Annotated[list[Path], typer.Argument(help="Files or folders to ingest.")],
+    org: Annotated[str, typer.Option("--org", help="The organisation.")],
+    collection: Annotated[str, typer.Option("--collection", help="The collection's name.")],
+    address: Annotated[
+        str | None,
+        typer.Option("--address", help="Ray address (default: the job's cluster, or a local Ray)."),
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="PostgreSQL DSN (default CORTEX_DATABASE_URL, else the embedded server).",
+        ),
+    ] = None,
+    embed: Annotated[
+        bool, typer.Option("--embed/--no-embed", help="Embed section summaries (MiniLM).")
+    ] = True,
+    max_passage_bytes: Annotated[int, typer.Option(min=16)] = DEFAULT_MAX_PASSAGE_BYTES,
+    max_line_bytes: Annotated[int, typer.Option(min=1024)] = DEFAULT_MAX_LINE_BYTES,
+    num_cpus: Annotated[
+        int | None, typer.Option("--num-cpus", help="CPUs of a local Ray started here.")
+    ] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check and split only: no database, no writes.")
+    ] = False,
+) -> None:
+    """Ingest PATHS into a collection: stream, split, write, publish."""
+    import ray
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        typer.echo(f"error: no such file or folder: {', '.join(missing)}", err=True)
+        raise typer.Exit(2)
+    try:
+        dsn, embedded = (None, None) if dry_run else _resolve_dsn(database_url)
+    except CortexError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    try:
+        if dsn:
+            migrate(dsn)
+        if not ray.is_initialized():
+            ray.init(address=address, num_cpus=num_cpus, log_to_driver=False)
+        with _Reporter(progress) as reporter:
+            report = run_ingest(
+                org,
+                collection,
+                paths,
+                dsn=dsn,
+                embed=embed,
+                on_progress=reporter,
+                max_passage_bytes=max_passage_bytes,
+                max_line_bytes=max_line_bytes,
+            )
+    except InvalidRequestError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except CortexError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    sys.stdout.write(report.to_json() + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,364 @@
+"""The ingestion job on a real local Ray (Ray Data) and a real PostgreSQL: counts, exact
+passages, eager section vectors, health events, re-ingest of unchanged content, and the job
+run as a process through ``cortex-ray ingest`` (→ ``python -m jobs.ingest``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from cortex_ray.storage import Database
+
+pytest.importorskip("ray")
+
+from jobs.ingest import IngestReport, run_ingest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[1]
+
+GUIDE = """# Guide
+
+Welcome to the guide.
+
+## Install
+
+Run the installer, then restart.
+
+## Use
+
+Open the program.
+"""
+
+REF = """Reference
+=========
+
+Overview text.
+
+Options
+-------
+
+``--fast``  go fast.
+"""
+
+
+def make_corpus(root: Path) -> Path:
+    corpus = root / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "guide.md").write_text(GUIDE)
+    (corpus / "sub" / "ref.rst").write_text(REF)
+    (corpus / "notes.txt").write_text("First note.\n\nSecond note, ünïcode ☃.\n")
+    (corpus / "README").write_text("A file with no extension.\n")
+    para = "A sentence of prose. " * 40 + "\n\n"
+    big = "".join(f"## Part {i}\n\n" + para * 300 for i in range(4))
+    (corpus / "big.md").write_text(big)  # ~1 MB, ~1,200 passages, 4 sections
+    (corpus / "binary.txt").write_bytes(b"\x00\x01\x02 not text")
+    (corpus / "bad.md").write_bytes(b"good line\n\xff\xfe\n")
+    (corpus / "empty.md").write_bytes(b"")
+    (corpus / "minified.txt").write_bytes(b"x" * 10_000)
+    (corpus / "image.png").write_bytes(b"\x89PNG")
+    return corpus
+
+
+def rows(dsn: str, sql: str, *params: Any) -> list[dict[str, Any]]:
+    with psycopg.connect(dsn, row_factory=dict_row) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def published_passages(dsn: str, org: str, collection: str) -> list[dict[str, Any]]:
+    return rows(
+        dsn,
+        """
+        SELECT s.path, p.ordinal, p.section_ordinal, p.text, p.line_start, p.line_end,
+               p.byte_start, p.byte_end
+        FROM kb_collections c
+        JOIN kb_generation_sources m
+          ON m.org_id = c.org_id AND m.generation = c.published_generation
+        JOIN kb_sources s ON s.org_id = m.org_id AND s.id = m.source_id
+        JOIN kb_passages p ON p.org_id = m.org_id AND p.source_id = m.source_id
+                          AND p.version = m.version
+        WHERE c.org_id = %s AND c.name = %s ORDER BY s.path, p.ordinal
+        """,
+        org,
+        collection,
+    )
+
+
+def test_ingest_streams_splits_writes_and_publishes(
+    ray_cluster: object, db: Database, org: str, tmp_path: Path
+) -> None:
+    corpus = make_corpus(tmp_path)
+    report = run_ingest(org, "docs", [corpus], dsn=db.dsn, embed=True, max_line_bytes=4096)
+
+    assert report.files == 10
+    assert report.read == 5
+    assert report.unchanged == 0 and report.failed == 0
+    assert report.skipped == {
+        "binary": 1,
+        "empty": 1,
+        "invalid_utf8": 1,
+        "line_too_long": 1,
+        "unsupported_type": 1,
+    }
+    assert report.published is not None
+    assert report.published["passages"] == report.passages > 400
+
+    # Every stored passage is exactly its byte range of the file, with the right lines.
+    stored = published_passages(db.dsn, org, "docs")
+    assert len(stored) == report.passages
+    for p in stored:
+        data = (tmp_path / p["path"]).read_bytes()
+        assert data[p["byte_start"] : p["byte_end"]].decode() == p["text"]
+        assert data[: p["byte_start"]].count(b"\n") + 1 == p["line_start"]
+
+    sections = rows(
+        db.dsn,
+        "SELECT s.path, k.heading_path, k.embedding IS NOT NULL AS embedded "
+        "FROM kb_sections k JOIN kb_sources s ON s.org_id = k.org_id AND s.id = k.source_id "
+        "WHERE k.org_id = %s ORDER BY s.path, k.ordinal",
+        org,
+    )
+    assert len(sections) == report.sections
+    assert all(s["embedded"] for s in sections)  # section vectors are eager
+    paths = {(s["path"], tuple(s["heading_path"])) for s in sections}
+    assert ("corpus/guide.md", ("Guide", "Install")) in paths
+    assert ("corpus/sub/ref.rst", ("Reference", "Options")) in paths
+    assert ("corpus/notes.txt", ()) in paths
+
+    health = {
+        r["path"]: (r["health"], r["health_detail"])
+        for r in rows(
+            db.dsn, "SELECT path, health, health_detail FROM kb_sources WHERE org_id = %s", org
+        )
+    }
+    assert health["corpus/binary.txt"] == ("SKIPPED", "binary")
+    assert health["corpus/bad.md"] == ("SKIPPED", "invalid_utf8")
+    assert health["corpus/minified.txt"] == ("SKIPPED", "line_too_long")
+    assert health["corpus/guide.md"][0] == "READ_OK"
+    assert "corpus/image.png" not in health  # not a source
+
+    # Re-ingest: nothing changed → everything carried forward, nothing rewritten.
+    again = run_ingest(org, "docs", [corpus], dsn=db.dsn, embed=False, max_line_bytes=4096)
+    assert (again.read, again.unchanged, again.passages) == (0, 5, 0)
+    assert again.published is not None and again.published["passages"] == report.passages
+
+    # One file edited, one deleted: only the edit is split; the deletion is recorded.
+    (corpus / "notes.txt").write_text("A rewritten note.\n")
+    (corpus / "README").unlink()
+    third = run_ingest(org, "docs", [corpus], dsn=db.dsn, embed=False, max_line_bytes=4096)
+    assert (third.read, third.unchanged, third.passages) == (1, 3, 1)
+    assert third.disappeared == ["corpus/README"]
+    texts = {p["text"] for p in published_passages(db.dsn, org, "docs") if "notes" in p["path"]}
+    assert texts == {"A rewritten note."}
+    gone = rows(
+        db.dsn,
+        "SELECT e.event FROM kb_source_events e JOIN kb_sources s "
+        "ON s.org_id = e.org_id AND s.id = e.source_id WHERE e.org_id = %s AND s.path = %s "
+        "ORDER BY e.id",
+        org,
+        "corpus/README",
+    )
+    assert [r["event"] for r in gone] == ["READ_OK", "READ_OK", "DISAPPEARED"]
+
+
+def test_cli_runs_the_job_as_a_process(
+    ray_cluster: Any, db: Database, org: str, tmp_path: Path
+) -> None:
+    """``cortex-ray ingest`` execs ``python -m jobs.ingest``, which joins the running Ray."""
+    corpus = make_corpus(tmp_path)
+    cli = Path(sys.executable).with_name("cortex-ray")
+    result = subprocess.run(
+        [
+            str(cli),
+            "--org",
+            org,
+            "ingest",
+            "docs",
+            str(corpus),
+            "--no-embed",
+            "--max-line-bytes",
+            "4096",
+            "--address",
+            ray_cluster.address_info["address"],
+            "--database-url",
+            db.dsn,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = IngestReport(**json.loads(result.stdout.strip().splitlines()[-1]))
+    assert (report.files, report.read, report.failed) == (10, 5, 0)
+    assert sum(report.skipped.values()) == 5
+    assert "ingest:" in result.stderr  # progress lines (stderr is not a terminal here)
+    assert len(published_passages(db.dsn, org, "docs")) == report.passages
+
+
+def test_cli_reports_a_missing_path(db: Database, org: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jobs.ingest",
+            "--org",
+            org,
+            "--collection",
+            "docs",
+            "--database-url",
+            db.dsn,
+            str(tmp_path / "nope"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "no such file or folder" in result.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _own_ray_pids(temp_dir: Path) -> list[int]:
+    """Processes of the cluster this test started: their command lines name its temp dir."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(temp_dir).encode() in cmdline and int(entry) != os.getpid():
+                pids.append(int(entry))
+    return pids
+
+
+def _wait_for_http(url: str, timeout: float) -> None:
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return  # it answers (401 with token auth): it is up
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_ray_job_submit_end_to_end(db: Database, org: str, tmp_path: Path) -> None:
+    """``ray job submit --working-dir . -- python -m jobs.ingest ...`` against a separate
+    cluster started here with ``ray start --head --block`` (token auth off on both sides, see
+    FACTS.md). The cluster is stopped by killing only the processes it started."""
+    import signal
+    import uuid
+
+    ray_cli = Path(sys.executable).with_name("ray")
+    corpus = make_corpus(tmp_path)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    dashboard = _free_port()
+    temp_dir = Path("/tmp") / f"rs-{uuid.uuid4().hex[:8]}"
+    # Every fixed default port may be held by another Ray on this machine (the dashboard
+    # agent's 52365, for one): give each its own free port.
+    ports = [
+        f"--{name}={_free_port()}"
+        for name in (
+            "port",
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "metrics-export-port",
+            "runtime-env-agent-port",
+            "ray-client-server-port",
+        )
+    ]
+    head = subprocess.Popen(
+        [str(ray_cli), "start", "--head", "--block", "--num-cpus", "1", *ports,
+         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
+         "--include-dashboard", "true", "--temp-dir", str(temp_dir), "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        _wait_for_http(f"{address}/api/version", timeout=90)
+        command = [
+            str(ray_cli), "job", "submit", "--address", address, "--working-dir", ".",
+            "--", sys.executable, "-m", "jobs.ingest", "--org", org, "--collection", "docs",
+            "--no-embed", "--max-line-bytes", "4096", "--database-url", db.dsn, str(corpus),
+        ]  # fmt: skip
+        deadline = time.monotonic() + 60  # the job agent registers after the dashboard
+        while True:
+            submit = subprocess.run(
+                command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+            )
+            if "No available agent" not in submit.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert submit.returncode == 0, (submit.stdout + submit.stderr)[-4000:]
+        assert "succeeded" in submit.stdout
+        report_line = next(line for line in submit.stdout.splitlines() if line.startswith('{"org"'))
+        report = IngestReport(**json.loads(report_line))
+        assert (report.files, report.read, report.failed) == (10, 5, 0)
+        assert len(published_passages(db.dsn, org, "docs")) == report.passages
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+        for pid in _own_ray_pids(temp_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_backfill_embeds_published_passages(
+    ray_cluster: object, db: Database, org: str, tmp_path: Path, minilm: object
+) -> None:
+    from jobs.backfill import backfill
+
+    corpus = tmp_path / "small"
+    corpus.mkdir()
+    (corpus / "guide.md").write_text(GUIDE)
+    (corpus / "notes.txt").write_text("".join(f"Note {i}.\n\n" for i in range(60)))
+    report = run_ingest(org, "docs", [corpus], dsn=db.dsn, embed=False, max_passage_bytes=16)
+    assert report.passages > 40
+
+    def embedded() -> int:
+        return int(
+            rows(
+                db.dsn,
+                "SELECT count(*) AS n FROM kb_passages WHERE org_id = %s AND embedding IS NOT NULL",
+                org,
+            )[0]["n"]
+        )
+
+    # the packaged MiniLM in this process (the job's default is a Ray actor holding it)
+    assert backfill(org, "docs", dsn=db.dsn, limit=25, batch=10, embedder=minilm) == 25
+    assert embedded() == 25
+    assert backfill(org, "docs", dsn=db.dsn, batch=16, embedder=minilm) == report.passages - 25
+    assert embedded() == report.passages
