@@ -63,8 +63,10 @@ from cortex_ray.act import (
     builtin_tools,
 )
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
+from cortex_ray.knowledge import VECTOR_DIM as KNOWLEDGE_DIM
+from cortex_ray.knowledge import KnowledgeService, knowledge_search_tool
 from cortex_ray.memory import ImportanceScorer, MemoryService, importance_scorer_for
-from cortex_ray.models import Embedder, HashEmbedder, ModelClient
+from cortex_ray.models import Embedder, HashEmbedder, ModelClient, Reranker
 from cortex_ray.perceive import PromptComposer, WorkingMemoryAssembler
 from cortex_ray.storage import Database, Store
 
@@ -153,14 +155,18 @@ class Runtime:
         tools: Iterable[Tool] = (),
         hooks: Sequence[ToolHook] = (),
         classifier: ActionClassifier | None = None,
+        knowledge: KnowledgeService | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
         self.store = Store(db)
         self.memory = memory
         self.model = model
+        self.knowledge = knowledge
         self.access = AccessControlService()
-        self.registry = ToolRegistry([*builtin_tools(), *tools], classifier)
+        # knowledge_search is registered, not built in: an agent gets it by naming it.
+        searching = [knowledge_search_tool(knowledge)] if knowledge is not None else []
+        self.registry = ToolRegistry([*builtin_tools(), *searching, *tools], classifier)
         self.dispatcher = ToolDispatcher(
             self.registry, self.access, self.store, settings, memory=memory, hooks=hooks
         )
@@ -182,11 +188,14 @@ class Runtime:
         tools: Iterable[Tool] = (),
         hooks: Sequence[ToolHook] = (),
         db: Database | None = None,
+        reranker: Reranker | None = None,
     ) -> Runtime:
         """Start or reach the database, load the models the settings name, and wire the cycle.
 
         ``model="settings"`` builds the model from settings; pass a client (or ``None``) to
-        override. Likewise ``embedder`` and ``importance``.
+        override. Likewise ``embedder`` and ``importance``. ``reranker`` (a cross-encoder,
+        e.g. the served one) reranks knowledge search; without one that stage is skipped
+        and each result says so.
         """
         if settings is None:
             try:
@@ -205,6 +214,16 @@ class Runtime:
             if importance is None:
                 importance = importance_scorer_for(settings, chat_model)
             memory = MemoryService(database, emb, settings, importance)
+            knowledge: KnowledgeService | None = None
+            if emb.dim == KNOWLEDGE_DIM:
+                knowledge = KnowledgeService(database, emb, reranker=reranker)
+            else:
+                log.warning(
+                    "knowledge search is off: the store holds %d-d vectors, the embedder "
+                    "makes %d-d ones",
+                    KNOWLEDGE_DIM,
+                    emb.dim,
+                )
             runtime = cls(
                 settings=settings,
                 db=database,
@@ -212,6 +231,7 @@ class Runtime:
                 model=chat_model,
                 tools=tools,
                 hooks=hooks,
+                knowledge=knowledge,
             )
             # Close only what this call opened; a caller's model or database is theirs.
             runtime._owns_model = isinstance(model, str)

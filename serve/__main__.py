@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = Settings()
-    api = ApiOptions.model_validate({**settings.api.model_dump(), **overrides})
-    settings = settings.model_copy(update={"api": api})
+    options = ApiOptions.model_validate({**settings.api.model_dump(), **overrides})
+    settings = settings.model_copy(update={"api": options})
     # A background job inherits SIGINT ignored; a service manager stops us with SIGTERM.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)

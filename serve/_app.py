@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 import cortex_ray
 from cortex_ray import (
+    ActionType,
     Agent,
     AgentMode,
     ApiOptions,
@@ -46,6 +47,7 @@ from cortex_ray import (
     TurnEvent,
     TurnEventKind,
 )
+from cortex_ray.knowledge import Fusion
 from serve._errors import ApiProblem, error_response, install_error_handlers, status_of
 from serve._schemas import (
     ORG_PATTERN,
@@ -56,6 +58,8 @@ from serve._schemas import (
     ApiError,
     FactList,
     Health,
+    KnowledgeHit,
+    KnowledgeSearch,
     MemoryBody,
     MemoryHit,
     MemorySearch,
@@ -582,6 +586,56 @@ def _org_router() -> APIRouter:
             org_id=org, agent_id=agent.id, valid_at=valid_at, known_at=known_at
         )
         return FactList(agent_id=agent.id, facts=[MemoryBody.of(f) for f in facts])
+
+    # knowledge ---------------------------------------------------------------------------
+
+    @router.get(
+        "/knowledge/search",
+        response_model=KnowledgeSearch,
+        tags=["knowledge"],
+        responses={
+            403: {"model": ApiError, "description": "knowledge_search not granted"},
+            503: {"model": ApiError, "description": "this runtime has no knowledge store"},
+        },
+    )
+    async def search_knowledge(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        query: Annotated[str, Query(pattern=r"^[^\x00]{1,2000}$")],
+        collection: Annotated[
+            list[str] | None, Query(max_length=16, description="search only these collections")
+        ] = None,
+        k: Annotated[int, Query(ge=1, le=50)] = 10,
+        fusion: Fusion | None = None,
+        rerank: bool = True,
+    ) -> KnowledgeSearch:
+        """Hybrid search (BM25 in PostgreSQL + pgvector, fused, reranked when a reranker is
+        available) over the organisation's published knowledge; every hit carries its
+        citation. Allowed to admins and to callers granted ``knowledge_search``."""
+        knowledge = state.runtime.knowledge
+        if knowledge is None:
+            raise ApiProblem(503, "this runtime has no knowledge store (embedder dimension)")
+        grant = principal.grant  # a missing grant denies, as everywhere
+        if not principal.is_admin and (
+            grant is None or not grant.allows("knowledge_search", ActionType.RETRIEVAL)
+        ):
+            raise ApiProblem(403, "knowledge search denied: knowledge_search is not granted")
+        for name in collection or ():
+            if not name or "\x00" in name or len(name) > 128:
+                raise ApiProblem(422, "collection: 1 to 128 characters, no NUL")
+        result = await knowledge.search(
+            org, query, collection=collection or None, k=k, fusion=fusion, rerank=rerank
+        )
+        return KnowledgeSearch(
+            query=result.query,
+            hits=[KnowledgeHit.of(h) for h in result.hits],
+            tiers=result.tiers,
+            fusion=result.fusion,
+            reranked=result.reranked,
+            skipped=result.skipped,
+            publications=result.publications,
+        )
 
     # tasks -------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from cortex_ray import (
     ToolSpec,
     Turn,
 )
+from cortex_ray.knowledge import Fusion, SearchHit, Tier
 
 __all__ = [
     "ORG_PATTERN",
@@ -51,6 +52,8 @@ __all__ = [
     "FactList",
     "GrantBody",
     "Health",
+    "KnowledgeHit",
+    "KnowledgeSearch",
     "MemoryBody",
     "MemoryHit",
     "MemorySearch",
@@ -632,6 +635,58 @@ class MemorySearch(_Out):
     agent_id: UUID
     query: str
     results: list[MemoryHit]
+
+
+class KnowledgeHit(_Out):
+    """One passage, with everything needed to cite it."""
+
+    citation: str = Field(description="path:lines (heading › path) @vN")
+    text: str
+    collection: str
+    source_id: UUID
+    version: int
+    path: str
+    heading_path: list[str]
+    line_start: int
+    line_end: int
+    byte_start: int = Field(description="offset of the passage's first byte in the file")
+    byte_end: int = Field(description="offset just past its last byte")
+    score: float
+    bm25_score: float | None
+    dense_score: float | None
+    rerank_score: float | None
+    tiers: list[Tier]
+
+    @classmethod
+    def of(cls, hit: SearchHit) -> KnowledgeHit:
+        return cls(
+            citation=hit.citation,
+            text=hit.text,
+            collection=hit.collection,
+            source_id=hit.source_id,
+            version=hit.version,
+            path=hit.path,
+            heading_path=list(hit.heading_path),
+            line_start=hit.line_start,
+            line_end=hit.line_end,
+            byte_start=hit.byte_start,
+            byte_end=hit.byte_end,
+            score=hit.score,
+            bm25_score=hit.bm25_score,
+            dense_score=hit.dense_score,
+            rerank_score=hit.rerank_score,
+            tiers=list(hit.tiers),
+        )
+
+
+class KnowledgeSearch(_Out):
+    query: str
+    hits: list[KnowledgeHit]
+    tiers: list[Tier] = Field(description="the tiers that produced candidates")
+    fusion: Fusion
+    reranked: bool
+    skipped: list[str] = Field(description="stages that did not run, each with its reason")
+    publications: dict[str, int] = Field(description="the generation searched per collection")
 
 
 class FactList(_Out):

@@ -608,7 +608,8 @@ class Estate:
 
 
 @pytest.fixture
-async def estate(client: httpx2.AsyncClient, tenant: Tenant) -> Estate:
+async def estate(client: httpx2.AsyncClient, tenant: Tenant, db: Database) -> Estate:
+    await publish_handbook(db, tenant.org, b"# Secret handbook\n\nThe secret door code is 4711.\n")
     worker = await create_agent(client, tenant, "victim-worker", "AUTONOMOUS")
     chat = await create_agent(client, tenant, "victim-chat", persona="Secret persona.")
     admin = tenant.auth(tenant.admin)
@@ -673,6 +674,7 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
             f"{base}/tools/{{tool_name}}",
             {"json": {"agentId": estate.chat["id"], "args": {}}},
         ),
+        "search_knowledge": ("GET", f"{base}/knowledge/search", {"params": {"query": "door"}}),
     }
     return {op: (m, url.format(**values), kw) for op, (m, url, kw) in routes.items()}
 
@@ -728,6 +730,7 @@ async def test_no_route_reads_or_writes_another_organisation(
         "victim-",
         "secret",
         "Secret",
+        "4711",
     ]
     operations = await spec_operations(client)
 
@@ -741,7 +744,7 @@ async def test_no_route_reads_or_writes_another_organisation(
             assert not leaked(secrets, r, url, kwargs), (op, r.text)
 
     # 2. The intruder's own organisation, naming the victim's rows: not found either.
-    expected = {"list_agents": 200, "create_agent": 201, "list_tasks": 200}
+    expected = {"list_agents": 200, "create_agent": 201, "list_tasks": 200, "search_knowledge": 200}
     for op, (method, url, kwargs) in requests_for(estate, intruder.org).items():
         r = await client.request(method, url, headers=intruder.auth(intruder.admin), **kwargs)
         assert r.status_code == expected.get(op, 404), (op, r.status_code, r.text)
@@ -761,6 +764,49 @@ async def test_no_route_reads_or_writes_another_organisation(
         )
     ).json()
     assert session["status"] == "OPEN"
+
+
+# --- knowledge ---------------------------------------------------------------------------------
+
+
+async def publish_handbook(db: Database, org: str, text: bytes, path: str = "handbook.md") -> None:
+    """Publish one markdown file in ``org``'s "handbook" collection, as an ingestion run does."""
+    from knowledge_fixtures import ingest
+
+    from cortex_ray.knowledge import KnowledgeWriter
+
+    def run() -> None:
+        with KnowledgeWriter(db.dsn) as writer:
+            ingest(writer, org, "handbook", {path: text})
+
+    await asyncio.to_thread(run)
+
+
+async def test_knowledge_search_returns_cited_passages_to_granted_callers(
+    client: httpx2.AsyncClient, tenant: Tenant, db: Database
+) -> None:
+    text = (
+        b"# Guide\n\nIntro text.\n\n## Install\n\n"
+        b"Run pip install cortex-ray to install the runtime.\n"
+    )
+    await publish_handbook(db, tenant.org, text, path="docs/guide.md")
+    url = f"/api/orgs/{tenant.org}/knowledge/search"
+    r = await client.get(url, headers=tenant.auth(tenant.user), params={"query": "install"})
+    assert r.status_code == 200, r.text
+    found = r.json()
+    top = found["hits"][0]
+    assert top["path"] == "docs/guide.md" and top["headingPath"] == ["Guide", "Install"]
+    assert top["citation"].startswith("docs/guide.md:")
+    assert text[top["byteStart"] : top["byteEnd"]].decode() == top["text"]
+    assert "bm25" in found["tiers"] and found["reranked"] is False
+    assert any("rerank" in reason for reason in found["skipped"])  # skipped visibly
+    assert found["publications"] == {"handbook": found["publications"]["handbook"]}
+
+    # bob's grant names current_time only: no knowledge search for him.
+    denied = await client.get(url, headers=tenant.auth(tenant.limited), params={"query": "x"})
+    assert_error(denied, 403, "forbidden")
+    for params in ({"query": ""}, {"query": "x", "k": 0}, {"query": "x", "fusion": "max"}):
+        assert_error(await client.get(url, headers=tenant.auth(tenant.user), params=params), 422)
 
 
 # --- bad input ---------------------------------------------------------------------------------
