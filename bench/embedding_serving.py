@@ -43,6 +43,7 @@ import numpy as np
 import openai
 import ray
 import torch
+from _texts import synthetic_texts
 from ray import serve as ray_serve
 from sentence_transformers import SentenceTransformer
 
@@ -57,49 +58,6 @@ from serve.models import (
 )
 
 HANDLE_TARGET, BATCH_TARGET = 0.8, 4.0
-WORDS = [
-    "agent",
-    "memory",
-    "cluster",
-    "ray",
-    "actor",
-    "session",
-    "retrieval",
-    "vector",
-    "postgres",
-    "index",
-    "passage",
-    "section",
-    "document",
-    "citation",
-    "planner",
-    "candidate",
-    "score",
-    "tool",
-    "gate",
-    "audit",
-    "principal",
-    "grant",
-    "episode",
-    "fact",
-    "persona",
-    "skill",
-    "observation",
-    "budget",
-    "step",
-    "model",
-    "token",
-    "batch",
-    "replica",
-    "deployment",
-]
-
-
-def corpus(n: int, seed: int = 7) -> list[str]:
-    rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(8, 40)))) for _ in range(n)]
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -129,7 +87,7 @@ def config(args: argparse.Namespace, batching: bool) -> ModelServingConfig:
 async def part1(
     args: argparse.Namespace, model: SentenceTransformer, handle: Any, base_url: str
 ) -> dict[str, float]:
-    texts = corpus(64 * args.rounds, seed=1)
+    texts = synthetic_texts(64 * args.rounds, seed=1)
     client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
     times: dict[str, list[float]] = {"in_process": [], "handle": [], "http": []}
 
@@ -146,7 +104,7 @@ async def part1(
         return np.array([d.embedding for d in got.data], dtype=np.float32)
 
     ways = {"in_process": in_process, "handle": via_handle, "http": via_http}
-    warm = corpus(64, seed=2)
+    warm = synthetic_texts(64, seed=2)
     reference = await in_process(warm)
     for fn in ways.values():  # warm-up, and the three agree
         np.testing.assert_allclose(await fn(warm), reference, atol=1e-4)
@@ -168,7 +126,7 @@ async def part1(
 
 
 async def part2(args: argparse.Namespace, batched: Any, unbatched: Any) -> dict[str, float]:
-    texts = corpus(32 * args.waves, seed=3)
+    texts = synthetic_texts(32 * args.waves, seed=3)
     waves: dict[str, list[float]] = {"batched": [], "unbatched": []}
     handles = {"batched": batched, "unbatched": unbatched}
 
@@ -176,7 +134,7 @@ async def part2(args: argparse.Namespace, batched: Any, unbatched: Any) -> dict[
         await asyncio.gather(*(handle.embed.remote([t]) for t in chunk))
 
     for handle in handles.values():
-        await wave(handle, corpus(32, seed=4))
+        await wave(handle, synthetic_texts(32, seed=4))
     before = await batched.stats.remote()
     for w in range(args.waves):
         chunk = texts[32 * w : 32 * (w + 1)]

@@ -23,50 +23,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np
 import torch
+from _texts import synthetic_texts
 
 from cortex_ray.models.embeddings import SentenceTransformerEmbedder
-
-WORDS = (
-    "agent",
-    "memory",
-    "cluster",
-    "ray",
-    "actor",
-    "session",
-    "retrieval",
-    "vector",
-    "postgres",
-    "index",
-    "passage",
-    "section",
-    "document",
-    "citation",
-    "planner",
-    "candidate",
-    "score",
-    "tool",
-    "gate",
-    "audit",
-    "principal",
-    "grant",
-    "episode",
-    "fact",
-    "persona",
-    "skill",
-    "observation",
-    "budget",
-    "step",
-    "model",
-    "token",
-    "batch",
-    "replica",
-    "deployment",
-)
-
-
-def texts(n: int, seed: int = 7) -> list[str]:
-    rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(8, 40)))) for _ in range(n)]
 
 
 def throughput(
@@ -94,7 +53,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("no CUDA device: GPU embedding check skipped")
         return
-    corpus = texts(args.texts)
+    corpus = synthetic_texts(args.texts)
     gpu = SentenceTransformerEmbedder(args.model, device="cuda")
     cpu = SentenceTransformerEmbedder(args.model, device="cpu")
     gpu_rate, gpu_vecs = throughput(gpu, corpus, args.rounds)
