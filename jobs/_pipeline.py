@@ -37,7 +37,13 @@ import pyarrow as pa
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from cortex_ray.knowledge._read import ListedFile, SkipReason, read_chunks, scan_file
+from cortex_ray.knowledge._read import (
+    ListedFile,
+    ScanResult,
+    SkipReason,
+    read_chunks,
+    scan_file,
+)
 from cortex_ray.knowledge._split import (
     DEFAULT_MAX_LINE_BYTES,
     DEFAULT_MAX_PASSAGE_BYTES,
@@ -48,7 +54,7 @@ from cortex_ray.knowledge._split import (
     Splitter,
 )
 from cortex_ray.knowledge._types import Generation, HealthEvent, SourceVersion
-from cortex_ray.knowledge._writer import KnowledgeWriter
+from cortex_ray.knowledge._writer import Document, HealthRecord, KnowledgeWriter, SourceFile
 
 __all__ = [
     "ROW_SCHEMA",
@@ -125,10 +131,66 @@ class _FileOutcome:
     sections: int = 0
     passages: int = 0
 
+    def health(self) -> tuple[HealthEvent, str] | None:
+        """The file's health event, or None when it is not a source (unsupported type)."""
+        if self.status == "skipped":
+            return None if self.reason == SkipReason.UNSUPPORTED.value else ("SKIPPED", self.reason)
+        if self.status == "failed":
+            return ("READ_FAILURE", self.reason)
+        return ("READ_OK", "unchanged" if self.status == "unchanged" else "")
+
+
+@dataclass
+class _Batch:
+    """What a read task has finished but not yet written: whole documents, health events and
+    the files' rows. One ``write_documents`` transaction writes it all; the file rows go to
+    the driver only after that commit, so a counted file is a written one."""
+
+    writer: KnowledgeWriter | DryRunWriter
+    options: IngestOptions
+    rows: _Rows
+    documents: list[Document] = field(default_factory=list)
+    health: list[HealthRecord] = field(default_factory=list)
+    files: list[dict[str, Any]] = field(default_factory=list)
+    records: int = 0
+
+    def add_document(
+        self, source: SourceVersion, sections: list[SplitSection], passages: list[SplitPassage]
+    ) -> None:
+        self.documents.append((source, sections, passages))
+        self.records += len(sections) + len(passages)
+
+    def file_done(self, f: ListedFile, outcome: _FileOutcome) -> None:
+        health = outcome.health()
+        if health is not None:
+            self.health.append((f.key, *health))
+        self.files.append(
+            {
+                "kind": "file",
+                "key": f.key,
+                "status": outcome.status,
+                "reason": outcome.reason,
+                "bytes": f.size,
+                "sections": outcome.sections,
+                "passages": outcome.passages,
+            }
+        )
+        if self.records >= self.options.write_batch:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.documents or self.health:
+            self.writer.write_documents(self.options.generation, self.documents, self.health)
+        for row in self.files:
+            self.rows.add(**row)
+        self.documents, self.health, self.files, self.records = [], [], [], 0
+
 
 @dataclass
 class _DocumentWriter:
-    """Writes one document version's records in batches as the splitter produces them."""
+    """Collects one document version's records as the splitter produces them. A document of
+    more than ``write_batch`` records is written in batches while it streams; the rest goes
+    to the read task's shared batch once the whole file has been checked."""
 
     writer: KnowledgeWriter | DryRunWriter
     options: IngestOptions
@@ -143,16 +205,15 @@ class _DocumentWriter:
         for record in records:
             if isinstance(record, SplitPassage):
                 self.passages.append(record)
-                if len(self.passages) >= self.options.write_batch:
-                    self.flush_passages()
+                self.n_passages += 1
             else:
                 self.n_sections += 1
                 if self.options.embed:
                     self._section_row(record)
                 else:
                     self.sections.append(record)
-                    if len(self.sections) >= self.options.write_batch:
-                        self.flush_sections()
+            if len(self.passages) + len(self.sections) >= self.options.write_batch:
+                self.flush()
 
     def _section_row(self, s: SplitSection) -> None:
         self.rows.add(
@@ -169,52 +230,69 @@ class _DocumentWriter:
             summary=s.summary_text,
         )
 
-    def flush_passages(self) -> None:
-        if self.passages:
-            self.writer.write_passages(self.options.generation, self.source, self.passages)
-            self.n_passages += len(self.passages)
-            self.passages = []
+    def flush(self) -> None:
+        self.writer.write_documents(
+            self.options.generation, [(self.source, self.sections, self.passages)]
+        )
+        self.passages, self.sections = [], []
 
-    def flush_sections(self) -> None:
-        if self.sections:
-            self.writer.write_sections(self.options.generation, self.source, self.sections)
-            self.sections = []
-
-    def finish(self) -> None:
-        self.flush_passages()
-        self.flush_sections()
-        if self.n_passages == 0 and self.n_sections == 0:
-            # Nothing to write (e.g. only blank lines): still a member of the generation.
-            self.writer.write_passages(self.options.generation, self.source, [])
+    def finish(self, batch: _Batch) -> None:
+        # Also a document with no records (e.g. only blank lines): still a member.
+        batch.add_document(self.source, self.sections, self.passages)
+        self.passages, self.sections = [], []
 
 
 def ingest_unit(files: Sequence[ListedFile], options: IngestOptions) -> Iterator[pa.Table]:
-    """Check, register, split and write each file; yields blocks of ROW_SCHEMA rows."""
+    """Check, register, split and write a unit of files; yields blocks of ROW_SCHEMA rows.
+
+    Per-unit work instead of per-file work: every file is checked first, the checked ones are
+    registered in one transaction (and the unchanged ones carried forward in one more), and
+    the split documents are written with their health events in transactions of about
+    ``write_batch`` records.
+    """
     gen = options.generation
     rows = _Rows()
     writer = KnowledgeWriter(options.dsn) if options.dsn else DryRunWriter()
     with writer:
-        for f in files:
-            outcome = yield from _ingest_file(f, options, writer, rows)
-            if outcome.status == "skipped" and outcome.reason == SkipReason.UNSUPPORTED.value:
-                pass  # not a source: counted, no health event
-            elif outcome.status in ("skipped", "failed"):
-                event: HealthEvent = "SKIPPED" if outcome.status == "skipped" else "READ_FAILURE"
-                writer.record_health(gen.org_id, gen.collection, f.key, event, outcome.reason)
-            else:
-                detail = "unchanged" if outcome.status == "unchanged" else ""
-                writer.record_health(gen.org_id, gen.collection, f.key, "READ_OK", detail)
-            rows.add(
-                kind="file",
-                key=f.key,
-                status=outcome.status,
-                reason=outcome.reason,
-                bytes=f.size,
-                sections=outcome.sections,
-                passages=outcome.passages,
+        batch = _Batch(writer, options, rows)
+        scans = [
+            (
+                f,
+                scan_file(
+                    f.path, chunk_bytes=options.chunk_bytes, max_line_bytes=options.max_line_bytes
+                ),
             )
+            for f in files
+        ]
+        checked: dict[str, ScanResult] = {}
+        outcomes: dict[int, _FileOutcome] = {}
+        for i, (f, scan) in enumerate(scans):
+            if scan.skip is not None and scan.skip.is_read_failure:
+                outcomes[i] = _FileOutcome("failed", f"{scan.skip.value}: {scan.detail}")
+            elif scan.skip is not None:
+                outcomes[i] = _FileOutcome("skipped", scan.skip.value)
+            elif f.key in checked:
+                # Two PATHs can give the same registry path (same folder name twice).
+                outcomes[i] = _FileOutcome("failed", f"duplicate registry path {f.key!r}")
+            else:
+                checked[f.key] = scan
+        registered = writer.register_sources(
+            gen.org_id, gen.collection, [(key, s.sha256, s.size) for key, s in checked.items()]
+        )
+        sources = {source.path: source for source in registered}
+        writer.carry_forward_sources(gen, [s.source_id for s in registered if s.unchanged])
+        for i, (f, scan) in enumerate(scans):
+            outcome = outcomes.get(i)
+            if outcome is None:
+                source = sources[f.key]
+                if source.unchanged:
+                    outcome = _FileOutcome("unchanged")
+                else:
+                    outcome = yield from _split_file(f, scan, source, options, batch, rows)
+            batch.file_done(f, outcome)
             if len(rows) >= _ROWS_PER_BLOCK:
                 yield rows.take()
+        batch.flush()
     if len(rows):
         yield rows.take()
 
@@ -222,25 +300,17 @@ def ingest_unit(files: Sequence[ListedFile], options: IngestOptions) -> Iterator
 _ROWS_PER_BLOCK = 256
 
 
-def _ingest_file(
+def _split_file(
     f: ListedFile,
+    scan: ScanResult,
+    source: SourceVersion,
     options: IngestOptions,
-    writer: KnowledgeWriter | DryRunWriter,
+    batch: _Batch,
     rows: _Rows,
 ) -> Generator[pa.Table, None, _FileOutcome]:
-    """One file; yields blocks while a big file streams, returns the file's outcome."""
-    scan = scan_file(f.path, chunk_bytes=options.chunk_bytes, max_line_bytes=options.max_line_bytes)
-    if scan.skip is not None:
-        if scan.skip.is_read_failure:
-            return _FileOutcome("failed", f"{scan.skip.value}: {scan.detail}")
-        return _FileOutcome("skipped", scan.skip.value)
+    """Split one checked file; yields blocks while a big file streams, returns its outcome."""
     assert scan.fmt is not None
-    gen = options.generation
-    source = writer.register_source(gen.org_id, gen.collection, f.key, scan.sha256, scan.size)
-    if source.unchanged:
-        writer.carry_forward(gen, source.source_id)
-        return _FileOutcome("unchanged")
-    doc = _DocumentWriter(writer, options, source, rows)
+    doc = _DocumentWriter(batch.writer, options, source, rows)
     splitter = Splitter(
         scan.fmt, max_passage_bytes=options.max_passage_bytes, max_line_bytes=options.max_line_bytes
     )
@@ -263,7 +333,7 @@ def _ingest_file(
     if digest.hexdigest() != scan.sha256:
         # What was split is not the content registered under this version.
         return _FileOutcome("failed", "changed while being read")
-    doc.finish()
+    doc.finish(batch)
     return _FileOutcome("written", "", doc.n_sections, doc.n_passages)
 
 
@@ -276,35 +346,33 @@ class DryRunWriter:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def register_source(
-        self, org_id: str, collection: str, path: str, content_hash: str, size_bytes: int
-    ) -> SourceVersion:
-        return SourceVersion(
-            org_id=org_id,
-            collection=collection,
-            path=path,
-            source_id=uuid.UUID(int=0),
-            version=1,
-            unchanged=False,
-        )
+    def register_sources(
+        self, org_id: str, collection: str, files: Sequence[SourceFile]
+    ) -> list[SourceVersion]:
+        return [
+            SourceVersion(
+                org_id=org_id,
+                collection=collection,
+                path=path,
+                source_id=uuid.UUID(int=0),
+                version=1,
+                unchanged=False,
+            )
+            for path, _, _ in files
+        ]
 
-    def carry_forward(self, generation: Generation, source_id: uuid.UUID) -> None:
-        pass
-
-    def record_health(
-        self, org_id: str, collection: str, path: str, event: HealthEvent, detail: str = ""
+    def carry_forward_sources(
+        self, generation: Generation, source_ids: Sequence[uuid.UUID]
     ) -> None:
         pass
 
-    def write_passages(
-        self, generation: Generation, source: SourceVersion, passages: Sequence[SplitPassage]
+    def write_documents(
+        self,
+        generation: Generation,
+        documents: Sequence[Document],
+        health: Sequence[HealthRecord] = (),
     ) -> int:
-        return len(passages)
-
-    def write_sections(
-        self, generation: Generation, source: SourceVersion, sections: Sequence[SplitSection]
-    ) -> int:
-        return len(sections)
+        return sum(len(passages) for _, _, passages in documents)
 
 
 def plan_units(

@@ -362,3 +362,63 @@ def test_backfill_embeds_published_passages(
     assert embedded() == 25
     assert backfill(org, "docs", dsn=db.dsn, batch=16, embedder=minilm) == report.passages - 25
     assert embedded() == report.passages
+
+
+def test_a_retried_read_task_writes_nothing_twice(db: Database, org: str, tmp_path: Path) -> None:
+    """One read task run in-process, then again (as Ray retries a failed task): files are
+    registered in one batch, written in shared batches (``write_batch`` small enough that the
+    big file streams in several), and the retry adds no version, passage or posting."""
+    import pyarrow as pa
+
+    from cortex_ray.knowledge import KnowledgeWriter
+    from cortex_ray.knowledge._read import list_files
+    from jobs._pipeline import IngestOptions, ingest_unit
+
+    files = list(list_files([make_corpus(tmp_path)]))
+    with KnowledgeWriter(db.dsn) as writer:
+        gen = writer.begin_generation(org, "docs")
+    options = IngestOptions(
+        dsn=db.dsn, generation=gen, embed=False, max_line_bytes=4096, write_batch=500
+    )
+
+    def counts() -> dict[str, Any]:
+        return rows(
+            db.dsn,
+            "SELECT (SELECT count(*) FROM kb_source_versions WHERE org_id = %s) AS versions, "
+            "(SELECT count(*) FROM kb_passages WHERE org_id = %s) AS passages, "
+            "(SELECT count(*) FROM kb_postings WHERE org_id = %s) AS postings, "
+            "(SELECT count(*) FROM kb_sections WHERE org_id = %s) AS sections, "
+            "(SELECT count(*) FROM kb_generation_sources WHERE org_id = %s) AS members",
+            org,
+            org,
+            org,
+            org,
+            org,
+        )[0]
+
+    first = pa.concat_tables(list(ingest_unit(files, options))).to_pylist()
+    written = counts()
+    again = pa.concat_tables(list(ingest_unit(files, options))).to_pylist()
+    assert counts() == written
+    assert [(r["key"], r["status"], r["passages"]) for r in again] == [
+        (r["key"], r["status"], r["passages"]) for r in first
+    ]
+    assert [r["kind"] for r in first] == ["file"] * len(files)
+    statuses = [r["status"] for r in first]
+    assert statuses.count("written") == 5 and statuses.count("skipped") == 5
+    assert written["versions"] == written["members"] == 5
+    assert written["passages"] == sum(r["passages"] for r in first) > 1000
+    health = rows(
+        db.dsn, "SELECT path, health FROM kb_sources WHERE org_id = %s ORDER BY path", org
+    )
+    assert {r["path"]: r["health"] for r in health} == {
+        "corpus/README": "READ_OK",
+        "corpus/bad.md": "SKIPPED",
+        "corpus/big.md": "READ_OK",
+        "corpus/binary.txt": "SKIPPED",
+        "corpus/empty.md": "SKIPPED",
+        "corpus/guide.md": "READ_OK",
+        "corpus/minified.txt": "SKIPPED",
+        "corpus/notes.txt": "READ_OK",
+        "corpus/sub/ref.rst": "READ_OK",
+    }

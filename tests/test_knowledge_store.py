@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 from knowledge_fixtures import ingest, split_markdown
 
-from cortex_ray import ActionType, Agent, AgentMode, Grant, ObservationStatus, Settings
+from cortex_ray import (
+    ActionType,
+    Agent,
+    AgentMode,
+    Grant,
+    InvalidRequestError,
+    ObservationStatus,
+    Settings,
+)
 from cortex_ray.access import AccessControlService
 from cortex_ray.act import InvocationContext, ToolDispatcher, ToolRegistry
 from cortex_ray.knowledge import (
@@ -165,6 +173,95 @@ async def test_unchanged_sources_are_carried_forward_not_rewritten(
     )
     assert carried[0]["carried"] is True
     assert any("penguins" in t for t in await texts(service, org, "penguins"))
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def test_bulk_registration_and_batched_writes_keep_every_guarantee(
+    writer, service, db, org
+) -> None:
+    first = ingest(writer, org, "docs", {"guide.md": GUIDE_V1, "notes.md": NOTES})
+    new_doc = b"# New\n\nA brand new page about otters.\n"
+    batch = [
+        ("guide.md", _sha(GUIDE_V2), len(GUIDE_V2)),  # changed
+        ("notes.md", _sha(NOTES), len(NOTES)),  # unchanged
+        ("new.md", _sha(new_doc), len(new_doc)),  # new
+    ]
+    gen = writer.begin_generation(org, "docs")
+    guide, notes, new = writer.register_sources(org, "docs", batch)
+    # Stable ids per path, a new version per new content, unchanged → carried forward.
+    assert guide.source_id == first.sources["guide.md"].source_id
+    assert (guide.version, guide.unchanged) == (first.sources["guide.md"].version + 1, False)
+    assert notes == first.sources["notes.md"].model_copy(update={"unchanged": True})
+    assert (new.version, new.unchanged) == (1, False)
+    assert writer.register_sources(org, "docs", batch) == [guide, notes, new]  # no new versions
+    with pytest.raises(InvalidRequestError, match="twice with different content"):
+        writer.register_sources(org, "docs", [batch[0], ("guide.md", "other", 1)])
+
+    writer.carry_forward_sources(gen, [notes.source_id])
+    documents = [(guide, *split_markdown(GUIDE_V2)), (new, *split_markdown(new_doc))]
+    health = [
+        ("guide.md", "READ_OK", ""),
+        ("notes.md", "READ_OK", "unchanged"),
+        ("new.md", "READ_OK", ""),
+        ("image.md", "SKIPPED", "binary"),
+    ]
+    expected = sum(len(passages) for _, _, passages in documents)
+    assert writer.write_documents(gen, documents, health) == expected
+
+    async def stored() -> dict[str, Any]:
+        got = await rows(
+            db,
+            "SELECT (SELECT count(*) FROM kb_passages WHERE org_id = %s) AS passages, "
+            "(SELECT count(*) FROM kb_postings WHERE org_id = %s) AS postings, "
+            "(SELECT count(*) FROM kb_sections WHERE org_id = %s) AS sections",
+            org,
+            org,
+            org,
+        )
+        return got[0]
+
+    before = await stored()
+    assert writer.write_documents(gen, documents) == 0  # a retried batch writes nothing twice
+    assert await stored() == before
+
+    members = await rows(
+        db,
+        "SELECT s.path, m.version, m.carried FROM kb_generation_sources m "
+        "JOIN kb_sources s ON s.org_id = m.org_id AND s.id = m.source_id "
+        "WHERE m.org_id = %s AND m.generation = %s ORDER BY s.path",
+        org,
+        gen.id,
+    )
+    assert members == [
+        {"path": "guide.md", "version": guide.version, "carried": False},
+        {"path": "new.md", "version": 1, "carried": False},
+        {"path": "notes.md", "version": notes.version, "carried": True},
+    ]
+    sources = await rows(
+        db,
+        "SELECT path, health, health_detail FROM kb_sources WHERE org_id = %s ORDER BY path",
+        org,
+    )
+    assert sources == [
+        {"path": "guide.md", "health": "READ_OK", "health_detail": ""},
+        {"path": "image.md", "health": "SKIPPED", "health_detail": "binary"},
+        {"path": "new.md", "health": "READ_OK", "health_detail": ""},
+        {"path": "notes.md", "health": "READ_OK", "health_detail": "unchanged"},
+    ]
+
+    report = writer.publish(gen)
+    assert (report.added_sources, report.removed_sources) == (2, 1)  # guide v2 + new; guide v1
+    assert any("giraffe" in t for t in await texts(service, org, "giraffe"))
+    assert any("otters" in t for t in await texts(service, org, "otters"))
+    assert any("penguins" in t for t in await texts(service, org, "penguins"))
+    assert await texts(service, org, "zebra") == []
+    with pytest.raises(InvalidRequestError, match="not BUILDING"):
+        writer.write_documents(gen, documents)
+    with pytest.raises(InvalidRequestError, match="not BUILDING"):
+        writer.carry_forward_sources(gen, [notes.source_id])
 
 
 async def test_a_source_that_disappears_stops_being_served(writer, service, db, org) -> None:

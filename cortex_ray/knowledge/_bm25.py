@@ -23,6 +23,7 @@ __all__ = [
     "BM25_K1",
     "STOPWORDS",
     "idf",
+    "length_norm",
     "query_terms",
     "term_counts",
     "tf_factor",
@@ -68,5 +69,11 @@ def idf(n_docs: int, df: int) -> float:
     return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
 
 
+def length_norm(length: int, avgdl: float) -> float:
+    """``k1 · (1 − b + b · dl / avgdl)``: the part of ``tf_factor`` that depends only on the
+    passage, so a writer computes it once per passage instead of once per term."""
+    return BM25_K1 * (1.0 - BM25_B + BM25_B * length / max(avgdl, 1e-9))
+
+
 def tf_factor(tf: int, length: int, avgdl: float) -> float:
-    return tf / (tf + BM25_K1 * (1.0 - BM25_B + BM25_B * length / max(avgdl, 1e-9)))
+    return tf / (tf + length_norm(length, avgdl))
