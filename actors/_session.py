@@ -35,6 +35,7 @@ from cortex_ray import (
     Settings,
     TurnEvent,
     TurnResult,
+    events_until,
 )
 
 __all__ = ["AgentSession", "get_or_create"]
@@ -140,15 +141,8 @@ class AgentSession:
         running = asyncio.create_task(self._run_turn(caller, message, events.put_nowait))
         self._background.add(running)
         running.add_done_callback(self._background.discard)
-        while not running.done():
-            waiting = asyncio.ensure_future(events.get())
-            await asyncio.wait({waiting, running}, return_when=asyncio.FIRST_COMPLETED)
-            if waiting.done():
-                yield waiting.result()
-            else:
-                waiting.cancel()
-        while not events.empty():
-            yield events.get_nowait()
+        async for event in events_until(running, events):
+            yield event
         yield await running
 
     async def _run_turn(

@@ -25,6 +25,7 @@ from cortex_ray._runtime import (
     TurnEventSink,
     build_embedder,
     build_model,
+    events_until,
 )
 from cortex_ray._settings import ApiOptions, SessionPolicy, Settings
 from cortex_ray._types import (
@@ -110,5 +111,6 @@ __all__ = [
     "WorkingMemory",
     "build_embedder",
     "build_model",
+    "events_until",
 ]
 __version__ = "0.1.0"

@@ -12,10 +12,11 @@ therefore be resumed from its ledger: ``drive_run`` continues after the last rec
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 from uuid import UUID
 
 from opentelemetry import trace
@@ -77,10 +78,13 @@ __all__ = [
     "TurnEventSink",
     "build_embedder",
     "build_model",
+    "events_until",
 ]
 
 log = logging.getLogger("cortex_ray.cycle")
 tracer = trace.get_tracer("cortex_ray")
+
+E = TypeVar("E")
 
 MAX_CONTACT_CONTEXT_BYTES = 8192
 """The largest contact context a run takes, as UTF-8 JSON."""
@@ -776,6 +780,23 @@ async def _notify(callback: StepCallback | None, step: Step) -> None:
     result = callback(step)
     if result is not None:
         await result
+
+
+async def events_until(running: asyncio.Future[Any], events: asyncio.Queue[E]) -> AsyncIterator[E]:
+    """Yield what is put on ``events`` as it arrives, until ``running`` ends, then what is
+    left: how a turn's events cross from the task running it to a stream (the actor's
+    generator, the API's server-sent events). ``running`` is never cancelled here."""
+    while not running.done():
+        waiting = asyncio.ensure_future(events.get())
+        try:
+            await asyncio.wait({waiting, running}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+        if waiting.done() and not waiting.cancelled():
+            yield waiting.result()
+    while not events.empty():
+        yield events.get_nowait()
 
 
 class TurnEventRelay:

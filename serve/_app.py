@@ -46,6 +46,7 @@ from cortex_ray import (
     TaskRun,
     TurnEvent,
     TurnEventKind,
+    events_until,
 )
 from cortex_ray.knowledge import Fusion
 from serve._errors import ApiProblem, error_response, install_error_handlers, status_of
@@ -779,17 +780,8 @@ def _org_router() -> APIRouter:
         )
         turn.add_done_callback(_retrieve)
         yield _sse("started", TurnStarted(session_id=session.id))
-        while not turn.done():
-            waiting = asyncio.ensure_future(events.get())
-            try:
-                await asyncio.wait({waiting, turn}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not waiting.done():
-                    waiting.cancel()
-            if waiting.done() and not waiting.cancelled():
-                yield _turn_event(waiting.result())
-        while not events.empty():
-            yield _turn_event(events.get_nowait())
+        async for event in events_until(turn, events):
+            yield _turn_event(event)
         try:
             result = turn.result()
         except Exception as exc:

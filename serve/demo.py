@@ -24,7 +24,7 @@ import ray
 from ray import serve as ray_serve
 
 from actors import SessionManager
-from cortex_ray import AgentMode, ApiOptions, Grant, Principal, PrincipalKind, Runtime, Settings
+from cortex_ray import AgentMode, Grant, Principal, PrincipalKind, Runtime, Settings
 from cortex_ray.models import HashEmbedder
 from serve._deployment import run_local
 
@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     _say("==> starting a local Ray, the embedded PostgreSQL and the API on Ray Serve…")
     started = time.perf_counter()
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    api = run_local(settings, session_actors, options=ApiOptions(port=args.port))
+    api = run_local(
+        settings, session_actors, options=settings.api.model_copy(update={"port": args.port})
+    )
     try:
         stack_settings = settings.model_copy(update={"database_url": _dsn(api, settings)})
         key, agent_id = asyncio.run(_prepare(stack_settings))
