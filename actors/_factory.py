@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
 
-from cortex_ray import ConfigurationError, Runtime, Settings
+from cortex_ray import Runtime, Settings
 
 __all__ = ["RuntimeFactory", "ServedModels", "open_runtime"]
 
@@ -17,40 +16,28 @@ be registered with ``ray.cloudpickle.register_pickle_by_value``."""
 
 
 async def open_runtime(settings: Settings) -> Runtime:
-    """The default factory: everything from the settings (model, embedder, database)."""
+    """The default factory: everything from the settings. A ``served`` model or embedder
+    (``CORTEX_MODEL_BACKEND=served``, ``CORTEX_EMBEDDING_BACKEND=served``; what
+    ``python -m serve`` and the demo set) is reached through handles to the deployments of
+    ``settings.models_app``, so the actor loads no model weights of its own."""
+    if settings.model_backend == "served" or settings.embedding_backend == "served":
+        from serve.models import open_served_runtime
+
+        return await open_served_runtime(settings)
     return await Runtime.open(settings)
 
 
 @dataclass(frozen=True)
 class ServedModels:
-    """A factory whose runtime reaches the model deployments of a running model-serving app
-    (``serve.models``) through Serve deployment handles: no HTTP hop inside the cluster.
-
-    ``chat=False`` keeps the chat model the settings name; the embedder always comes from
-    the app's ``Embedder`` deployment (whose dimension must match ``embedding_dim``).
-    """
+    """A factory that moves the embedder (and, with ``chat``, the chat model) to the
+    deployments of the model-serving app ``app_name``, whatever the settings say: the same
+    as ``open_runtime`` with ``embedding_backend`` (and ``model_backend``) ``served``."""
 
     app_name: str = "cortex-models"
     chat: bool = True
-    llm_backend: Literal["llama_cpp", "vllm"] = "llama_cpp"
 
     async def __call__(self, settings: Settings) -> Runtime:
-        from serve.models import HandleEmbedder, HandleModelClient, ModelHandles
-
-        handles = ModelHandles.of_app(self.app_name)
-        embedder = await HandleEmbedder.connect(handles.embedder)
-        if embedder.dim != settings.embedding_dim:
-            raise ConfigurationError(
-                f"the served embedder has {embedder.dim} dimensions; "
-                f"embedding_dim is {settings.embedding_dim}"
-            )
-        if not self.chat:
-            return await Runtime.open(settings, embedder=embedder)
-        model = HandleModelClient(
-            handles.llm,
-            settings.model_name,
-            backend=self.llm_backend,
-            default_temperature=settings.model_temperature,
-            default_max_tokens=settings.model_max_tokens,
-        )
-        return await Runtime.open(settings, model=model, embedder=embedder)
+        update: dict[str, str] = {"embedding_backend": "served", "models_app": self.app_name}
+        if self.chat:
+            update["model_backend"] = "served"
+        return await open_runtime(settings.model_copy(update=update))

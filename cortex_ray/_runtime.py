@@ -95,10 +95,19 @@ TurnEventSink = Callable[[TurnEvent], Awaitable[None] | None]
 the turn (logged); the turn itself always runs to its end and is recorded."""
 
 
+_SERVED = (
+    "%s=served reaches the deployments of the Serve app %r through Ray handles, which only "
+    "the Ray layers open (actors.open_runtime, the API on Serve, serve.models."
+    "open_served_runtime); in a plain process use local or openai"
+)
+
+
 def build_model(settings: Settings) -> ModelClient | None:
     """The chat model the settings name (``None`` for ``model_backend=none``)."""
     if settings.model_backend == "none":
         return None
+    if settings.model_backend == "served":
+        raise ConfigurationError(_SERVED % ("model_backend", settings.models_app))
     if settings.model_backend == "openai":
         from cortex_ray.models.openai_compatible import OpenAICompatibleClient
 
@@ -127,6 +136,8 @@ def build_embedder(settings: Settings) -> Embedder:
     OpenAI-compatible ``/v1/embeddings`` server (``openai``), or the test ``hash``."""
     if settings.embedding_backend == "hash":
         return HashEmbedder(settings.embedding_dim)
+    if settings.embedding_backend == "served":
+        raise ConfigurationError(_SERVED % ("embedding_backend", settings.models_app))
     if settings.embedding_backend == "openai":
         from cortex_ray.models.openai_embeddings import OpenAICompatibleEmbedder
 

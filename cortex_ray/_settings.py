@@ -46,6 +46,12 @@ class ApiOptions(BaseModel):
     max_ongoing_requests: int = Field(
         default=100, ge=1, description="concurrent requests per replica (SSE streams count)"
     )
+    num_cpus: float = Field(
+        default=0.5,
+        ge=0,
+        description="CPUs each API replica reserves (it mostly waits on the database and the "
+        "actors); with the served models the local stack reserves 1.5",
+    )
 
 
 class SessionPolicy(BaseModel):
@@ -104,7 +110,12 @@ class Settings(BaseSettings):
     )
 
     # models
-    model_backend: Literal["local", "openai", "none"] = "local"
+    model_backend: Literal["local", "openai", "served", "none"] = Field(
+        default="local",
+        description="local: the packaged SmolLM2 in this process; openai: model_url; served: "
+        "the LLM deployment of the Serve app models_app, through a handle (inside a Ray "
+        "cluster: session actors and the API replica); none: no chat model",
+    )
     model_url: str | None = Field(default=None, description="OpenAI-compatible base URL")
     model_name: str = "SmolLM2-135M-Instruct"
     model_api_key: str = "not-needed"
@@ -118,7 +129,11 @@ class Settings(BaseSettings):
     model_timeout_s: float = Field(default=120.0, gt=0)
     structured_retries: int = Field(default=2, ge=0, le=10)
 
-    embedding_backend: Literal["local", "hash", "openai"] = "local"
+    embedding_backend: Literal["local", "hash", "openai", "served"] = Field(
+        default="local",
+        description="local: the packaged MiniLM in this process; openai: embedding_url; "
+        "served: the Embedder deployment of models_app, through a handle; hash: tests only",
+    )
     embedding_url: str | None = Field(
         default=None, description="OpenAI-compatible base URL for embedding_backend=openai"
     )
@@ -127,6 +142,10 @@ class Settings(BaseSettings):
     )
     embedding_dim: int = 384
     embedding_device: str | None = Field(default=None, description="cpu, cuda, ...; unset → auto")
+    models_app: str = Field(
+        default="cortex-models",
+        description="the Serve application (serve.models) the served backends reach",
+    )
 
     # decision cycle
     candidates: int = Field(default=3, ge=1, le=8, description="K proposals per autonomous step")

@@ -1,7 +1,9 @@
 """``python -m serve``: run the HTTP API on this machine until Ctrl-C or SIGTERM.
 
-Connects to a running Ray (``RAY_ADDRESS``) or starts a local one, deploys the API with
-``run_local`` and, on the way out, deletes the application (and stops what it started).
+Connects to a running Ray (``RAY_ADDRESS``) or starts a local one, deploys the model-serving
+app (the models the settings would load in-process, at ``/models/v1``) and the API with
+``run_local(serve_models=True)`` and, on the way out, deletes both (and stops what it
+started). ``--in-process-models`` keeps the models in the API replica instead.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--host", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default 8000)")
+    parser.add_argument(
+        "--in-process-models",
+        action="store_true",
+        help="load the models in the API replica (and each session actor) instead of "
+        "deploying the model-serving app beside the API",
+    )
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = Settings()
@@ -39,8 +47,10 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     started_ray = not ray.is_initialized()
     try:
-        api = run_local(settings)
+        api = run_local(settings, serve_models=not args.in_process_models)
         print(f"cortex-ray API on {api.url} (docs: {api.url}/docs); Ctrl-C stops it", flush=True)
+        if api.models is not None:
+            print(f"models (OpenAI-compatible) on {api.models.openai_base_url}", flush=True)
         try:
             threading.Event().wait()
         finally:

@@ -24,7 +24,7 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import AwareDatetime
+from pydantic import AwareDatetime, ValidationError
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
@@ -34,6 +34,7 @@ from cortex_ray import (
     Agent,
     AgentMode,
     ApiOptions,
+    ConfigurationError,
     Executor,
     InProcessExecutor,
     MemoryKind,
@@ -147,11 +148,26 @@ def _waiter(executor: Executor, org: str, run_id: UUID) -> Awaitable[object] | N
     return None
 
 
+def _settings_from_env() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigurationError(f"invalid CORTEX_* setting {where}: {first['msg']}") from exc
+
+
 async def _open_runtime(source: Runtime | Settings | RuntimeFactory | None) -> Runtime:
     if isinstance(source, Runtime):
         return source
     if source is None or isinstance(source, Settings):
-        return await Runtime.open(source)
+        settings = source or _settings_from_env()
+        if settings.model_backend == "served" or settings.embedding_backend == "served":
+            # only here, in a replica on Ray: the core and the plain app import no Ray
+            from serve.models import open_served_runtime
+
+            return await open_served_runtime(settings)
+        return await Runtime.open(settings)
     return await source()
 
 

@@ -14,9 +14,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from cortex_ray import ApiOptions, Settings
+from cortex_ray import ApiOptions, ConfigurationError, Settings
 from cortex_ray.storage import EmbeddedPostgres
 from serve._app import ExecutorFactory, RuntimeFactory, create_app, options_for
+from serve.models import LocalModels, served_settings, serving_config_for
+from serve.models import run_local as run_models
 
 try:
     from ray import serve as ray_serve
@@ -25,7 +27,15 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("the HTTP API on Ray Serve needs Ray: pip install 'cortex-ray[ray]'") from exc
 
-__all__ = ["DEFAULT_APP_NAME", "ApiIngress", "LocalApi", "app_builder", "build_api", "run_local"]
+__all__ = [
+    "DEFAULT_APP_NAME",
+    "MODELS_ROUTE_PREFIX",
+    "ApiIngress",
+    "LocalApi",
+    "app_builder",
+    "build_api",
+    "run_local",
+]
 
 log = logging.getLogger("serve.api")
 
@@ -69,7 +79,9 @@ def build_api(
     """The API as a Serve application (``serve.run(build_api(...))``)."""
     opts = options or options_for(runtime)
     deployment = ApiIngress.options(
-        num_replicas=opts.num_replicas, max_ongoing_requests=opts.max_ongoing_requests
+        num_replicas=opts.num_replicas,
+        max_ongoing_requests=opts.max_ongoing_requests,
+        ray_actor_options={"num_cpus": opts.num_cpus},
     )
     return deployment.bind(runtime, executor, opts)
 
@@ -82,18 +94,32 @@ def app_builder(args: dict[str, Any]) -> Application:
     return build_api()
 
 
+MODELS_ROUTE_PREFIX = "/models"
+"""Where ``run_local(serve_models=True)`` puts the model-serving app's OpenAI routes, beside
+the API at ``/`` on the same proxy: ``http://127.0.0.1:8000/models/v1``."""
+
+
 @dataclass
 class LocalApi:
-    """The API running on this machine's Ray: where it listens, and how to stop it."""
+    """The API running on this machine's Ray: where it listens, and how to stop it.
+
+    ``settings`` are what the replicas run with (the embedded database's DSN and, with
+    ``serve_models``, the served backends filled in); ``models`` is the model-serving app
+    started beside it, if any."""
 
     url: str
     name: str
     handle: DeploymentHandle[Any]
     embedded: EmbeddedPostgres | None = field(default=None, repr=False)
+    models: LocalModels | None = None
+    settings: Settings | None = field(default=None, repr=False)
 
     def stop(self) -> None:
-        """Delete the Serve application (and stop the embedded PostgreSQL it started)."""
+        """Delete the Serve applications (and stop the embedded PostgreSQL it started)."""
         ray_serve.delete(self.name)
+        if self.models is not None:
+            self.models.stop()
+            self.models = None
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None
@@ -106,6 +132,7 @@ def run_local(
     options: ApiOptions | None = None,
     name: str = DEFAULT_APP_NAME,
     route_prefix: str = "/",
+    serve_models: bool = False,
 ) -> LocalApi:
     """Start Serve's HTTP proxy on ``options.host:options.port`` (127.0.0.1:8000 unless
     configured) and deploy the API there; returns once it is ready.
@@ -113,23 +140,45 @@ def run_local(
     Ray is started (``ray.init()``) if this process is not connected yet. With settings that
     name no database, the embedded PostgreSQL is started here, in the driver, and its DSN
     handed to the replicas, so every process of the stack shares one server.
+
+    ``serve_models`` (settings only; what ``python -m serve`` and the demo do): the models
+    the settings load in-process (``local``) move to the model-serving app
+    (``serve.models``, deployed first, at ``/models``), and the API replica and the session
+    actors reach them through handles, so no replica or actor loads weights of its own.
     """
     if runtime is None:
         runtime = Settings()
     opts = options or options_for(runtime)
     embedded: EmbeddedPostgres | None = None
+    models: LocalModels | None = None
     if isinstance(runtime, Settings) and not runtime.database_url:
         embedded = EmbeddedPostgres(runtime.data_dir / "pg")
         runtime = runtime.model_copy(update={"database_url": embedded.dsn})
     try:
         ray_serve.start(http_options={"host": opts.host, "port": opts.port})
+        if serve_models:
+            if not isinstance(runtime, Settings):
+                raise ConfigurationError("serve_models needs Settings, not a runtime factory")
+            runtime = served_settings(runtime)
+            config = serving_config_for(runtime)
+            if config is not None:
+                models = run_models(
+                    config,
+                    host=opts.host,
+                    port=opts.port,
+                    name=runtime.models_app,
+                    route_prefix=MODELS_ROUTE_PREFIX,
+                )
         handle = ray_serve.run(
             build_api(runtime, executor, options=opts), name=name, route_prefix=route_prefix
         )
     except BaseException:
+        if models is not None:
+            models.stop()
         if embedded is not None:
             embedded.stop()
         raise
     host = "127.0.0.1" if opts.host in ("0.0.0.0", "::") else opts.host
     prefix = "" if route_prefix == "/" else route_prefix
-    return LocalApi(f"http://{host}:{opts.port}{prefix}", name, handle, embedded)
+    settings = runtime if isinstance(runtime, Settings) else None
+    return LocalApi(f"http://{host}:{opts.port}{prefix}", name, handle, embedded, models, settings)

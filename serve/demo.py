@@ -1,11 +1,13 @@
 """The main job on the embedded default: the whole local stack, and one task through the API.
 
     python -m serve.demo [GOAL] [--max-steps N] [--port 8000] [--keep-running]
+                         [--in-process-models]
 
-Starts the embedded PostgreSQL, a local Ray and the HTTP API on Ray Serve (127.0.0.1:8000,
-runs driven by session actors), creates an organisation, an admin API key and an
-autonomous agent, submits a task over HTTP, follows it to its terminal state, prints the
-step log, and prints the curl commands that do the same.
+Starts the embedded PostgreSQL, a local Ray, the model-serving app (SmolLM2 and MiniLM, once,
+at 127.0.0.1:8000/models/v1) and the HTTP API on Ray Serve (127.0.0.1:8000, runs driven by
+session actors that reach the models through deployment handles), creates an organisation,
+an admin API key and an autonomous agent, submits a task over HTTP, follows it to its
+terminal state, prints the step log, and prints the curl commands that do the same.
 """
 
 from __future__ import annotations
@@ -96,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=6)
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--keep-running", action="store_true", help="serve until Ctrl-C")
+    parser.add_argument(
+        "--in-process-models",
+        action="store_true",
+        help="load the models in every session actor instead of serving them once",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -103,14 +110,25 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
     _say("==> starting a local Ray, the embedded PostgreSQL and the API on Ray Serve…")
     started = time.perf_counter()
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    # The stack reserves 1.5 logical CPUs (API 0.5, embedder 0.5, LLM 0.5; actors none):
+    # a 1-core machine still gets 2 so that it starts, and simply runs slower.
+    ray.init(num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
     api = run_local(
-        settings, session_actors, options=settings.api.model_copy(update={"port": args.port})
+        settings,
+        session_actors,
+        options=settings.api.model_copy(update={"port": args.port}),
+        serve_models=not args.in_process_models,
     )
     try:
         stack_settings = settings.model_copy(update={"database_url": _dsn(api, settings)})
         key, agent_id = asyncio.run(_prepare(stack_settings))
         _say(f"==> API ready at {api.url} in {time.perf_counter() - started:.1f} s")
+        if api.models is not None:
+            _say(
+                f"==> models served once for every session actor: {api.models.openai_base_url}"
+                f" (chat: {api.settings.model_backend if api.settings else '?'}, embeddings: "
+                f"{api.settings.embedding_backend if api.settings else '?'})"
+            )
         headers = {"Authorization": f"Bearer {key}"}
         body = {
             "name": "demo",

@@ -24,10 +24,11 @@ def test_the_main_job_runs_a_task_through_the_api_on_ray_serve() -> None:
         env = {
             **os.environ,
             "CORTEX_DATA_DIR": str(data),
-            # No model: the run ends FAILED at once with its reason, which keeps this fast;
-            # the model path is covered by the CLI and integration tests.
+            # No chat model: the run ends FAILED at once with its reason, which keeps this
+            # fast; chat through the LLM deployment is covered by test_model_serving. The
+            # embedder is served, as by default: the API replica and the session actor
+            # reach it through handles.
             "CORTEX_MODEL_BACKEND": "none",
-            "CORTEX_EMBEDDING_BACKEND": "hash",
             "HF_HUB_OFFLINE": "1",
         }
         env.pop("CORTEX_DATABASE_URL", None)
@@ -37,6 +38,10 @@ def test_the_main_job_runs_a_task_through_the_api_on_ray_serve() -> None:
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         assert "API ready at http://127.0.0.1:8017" in done.stderr
+        assert (
+            "models served once for every session actor: http://127.0.0.1:8017/models/v1 "
+            "(chat: none, embeddings: served)" in done.stderr
+        )
         assert re.search(r"task [0-9a-f-]{36} accepted \(202\)", done.stderr)
         assert re.search(r"run [0-9a-f-]{36}: FAILED", done.stdout)
         assert "reason: no model configured" in done.stdout

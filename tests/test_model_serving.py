@@ -708,16 +708,121 @@ def test_serve_models_all_is_complete() -> None:
     assert set(serve.models.__all__) == public
 
 
-async def test_an_actor_runtime_factory_uses_the_served_models(
+def _served(settings: Any, db: Any, **update: Any) -> Any:
+    return settings.model_copy(
+        update={
+            "database_url": db.dsn,
+            "model_backend": "served",
+            "embedding_backend": "served",
+            "models_app": APP,
+            **update,
+        }
+    )
+
+
+async def test_served_settings_open_a_runtime_on_the_apps_deployments(
     base_url: str, settings: Any, db: Any
 ) -> None:
-    from actors._factory import ServedModels
+    from actors import ServedModels, open_runtime
 
+    runtime = await open_runtime(_served(settings, db))
+    try:
+        assert isinstance(runtime.model, HandleModelClient) and runtime.model.name == LLM_ID
+        assert isinstance(runtime.memory.embedder, HandleEmbedder)
+        assert runtime.knowledge is not None
+        assert isinstance(runtime.knowledge.reranker, HandleReranker)
+        assert runtime.knowledge.reranker.available
+    finally:
+        await runtime.close()
+    # Only what the settings call served moves: no chat model stays none.
+    runtime = await open_runtime(_served(settings, db, model_backend="none"))
+    try:
+        assert runtime.model is None and isinstance(runtime.memory.embedder, HandleEmbedder)
+    finally:
+        await runtime.close()
+    # The explicit factory does the same whatever the settings name.
     runtime = await ServedModels(APP)(settings.model_copy(update={"database_url": db.dsn}))
     try:
         assert isinstance(runtime.model, HandleModelClient)
         assert isinstance(runtime.memory.embedder, HandleEmbedder)
     finally:
         await runtime.close()
-    with pytest.raises(Exception, match="768"):
+
+
+async def test_served_settings_that_cannot_be_met_fail_clearly(
+    base_url: str, bare_url: str, settings: Any, db: Any
+) -> None:
+    from actors import ServedModels, open_runtime
+    from cortex_ray import ConfigurationError, Runtime
+
+    with pytest.raises(ConfigurationError, match="'no-such-app' is not deployed"):
+        await open_runtime(_served(settings, db, models_app="no-such-app"))
+    with pytest.raises(ConfigurationError, match="serves no embedder"):
+        await open_runtime(_served(settings, db, models_app=BARE_APP))
+    with pytest.raises(ConfigurationError, match="serves no LLM"):
+        await open_runtime(_served(settings, db, models_app=BARE_APP, embedding_backend="hash"))
+    with pytest.raises(ConfigurationError, match="384-d vectors; embedding_dim is 768"):
         await ServedModels(APP, chat=False)(settings.model_copy(update={"embedding_dim": 768}))
+    # The core alone cannot reach a deployment, and says where to go instead.
+    with pytest.raises(ConfigurationError, match="only the Ray layers"):
+        await Runtime.open(_served(settings, db, embedding_backend="hash"))
+
+
+def test_the_serving_config_follows_the_settings(settings: Any) -> None:
+    from serve.models import served_settings, serving_config_for
+
+    assert serving_config_for(settings) is None  # all in-process: nothing to serve
+    moved = served_settings(settings)
+    assert (moved.model_backend, moved.embedding_backend) == ("served", "served")
+    config = serving_config_for(
+        moved.model_copy(update={"local_model_context": 2048, "embedding_device": "cpu"})
+    )
+    assert config is not None and config.llm is not None and config.embedder is not None
+    assert (config.llm.n_ctx, config.llm.model_id, config.embedder.device) == (
+        2048,
+        settings.model_name,
+        "cpu",
+    )
+    assert config.reranker is not None and config.reranker.model is None  # unavailable, 0 CPU
+    # What is not in-process stays where it is: only the embedder is served here.
+    kept = served_settings(settings.model_copy(update={"model_backend": "none"}))
+    assert kept.model_backend == "none"
+    only = serving_config_for(kept)
+    assert only is not None and only.llm is None and only.embedder is not None
+
+
+async def test_a_session_actor_on_served_models_loads_no_weights_of_its_own(
+    base_url: str, settings: Any, db: Any, org: str
+) -> None:
+    """The default actor factory with served settings: a real SmolLM2 turn through the LLM
+    deployment, recall through the Embedder deployment, and neither torch nor llama.cpp
+    mapped into the actor's process."""
+    import uuid
+    from pathlib import Path
+
+    import ray
+
+    from actors import ActorKey, SessionManager
+    from cortex_ray import Grant, Principal, Runtime, SessionPolicy
+    from cortex_ray.models import HashEmbedder
+
+    served = _served(settings, db, pool_max_size=2, model_max_tokens=48)
+    sessions = SessionManager(
+        served, policy=SessionPolicy(namespace=f"served-{uuid.uuid4().hex[:8]}")
+    )
+    local = await Runtime.open(settings, model=None, embedder=HashEmbedder(384), db=db)
+    embedder = ray_serve.get_deployment_handle(EMBEDDER_NAME, app_name=APP)
+    try:
+        agent = await local.create_agent(org, "served-chat")
+        alice = Principal(id="alice", org_id=org, grant=Grant(tools=frozenset({"*"})))
+        session = await local.open_session(org, agent.id, alice)
+        before = (await embedder.stats.remote())["calls"]
+        result = await sessions.turn(org, session.id, alice, "Say hello in three words.")
+        assert result.reply.strip()
+        assert (await embedder.stats.remote())["calls"] > before
+        actor = ray.get_actor(ActorKey.session(org, session.id).name, sessions.policy.namespace)
+        maps = Path(f"/proc/{await actor.pid.remote()}/maps").read_text()
+        assert "libtorch" not in maps and "libllama" not in maps
+        await sessions.end_session(org, session.id)
+    finally:
+        await local.close(close_db=False)

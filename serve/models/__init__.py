@@ -6,7 +6,8 @@
 with vLLM on GPU) and the ``ModelIngress`` (FastAPI: ``/v1/models``, ``/v1/embeddings``,
 ``/v1/chat/completions``, ``/v1/rerank``, ``/health``). ``HandleEmbedder``,
 ``HandleModelClient`` and ``HandleReranker`` give code inside the cluster the core's model
-seams over deployment handles. Guide: docs/model_serving.md.
+seams over deployment handles; ``open_served_runtime`` opens a ``Runtime`` on them for the
+settings' ``served`` backends. Guide: docs/model_serving.md.
 """
 
 from serve.models._builder import (
@@ -25,7 +26,16 @@ from serve.models._config import (
     RerankerConfig,
 )
 from serve.models._embedder import EMBEDDER_NAME, EmbedderDeployment, EmbedderServer
-from serve.models._handles import HandleEmbedder, HandleModelClient, HandleReranker, ModelHandles
+from serve.models._handles import (
+    HandleEmbedder,
+    HandleModelClient,
+    HandleReranker,
+    ModelHandles,
+    open_served_runtime,
+    served_settings,
+    serving_config_for,
+    uses_served_models,
+)
 from serve.models._ingress import INGRESS_NAME, ModelIngress, create_model_app
 from serve.models._llm import LLM_NAME, LlamaCppDeployment, LlamaCppServer, build_vllm_deployment
 from serve.models._openai import Failure
@@ -60,5 +70,9 @@ __all__ = [
     "build_models_app",
     "build_vllm_deployment",
     "create_model_app",
+    "open_served_runtime",
     "run_local",
+    "served_settings",
+    "serving_config_for",
+    "uses_served_models",
 ]

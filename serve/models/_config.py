@@ -68,7 +68,7 @@ class EmbedderConfig(_Strict):
     batch_wait_timeout_s: float = Field(default=0.005, ge=0.0)
     encode_batch_size: int = Field(default=64, ge=1, description="the model's forward batch")
     deployment: DeploymentOptions = DeploymentOptions(
-        max_ongoing_requests=256, ray_actor_options={"num_cpus": 1}
+        max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.5}
     )
 
 
@@ -140,8 +140,9 @@ class IngressConfig(_Strict):
 
 class ModelServingConfig(_Strict):
     """Everything ``build_app`` deploys. ``None`` for a model leaves it out (its routes then
-    answer 404 ``model_not_found``). The defaults reserve 1.5 CPUs in all: the embedder 1,
-    the LLM 0.5, the reranker and the ingress none."""
+    answer 404 ``model_not_found``). The defaults reserve 1 CPU in all: the embedder 0.5,
+    the LLM 0.5, the reranker and the ingress none, so that with the API replica (0.5) the
+    whole local stack fits in 2 CPUs and leaves room for jobs."""
 
     embedder: EmbedderConfig | None = EmbedderConfig()
     reranker: RerankerConfig | None = RerankerConfig()

@@ -9,6 +9,7 @@ no HTTP). Outside the cluster, the core's ``OpenAICompatibleEmbedder`` and
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -16,11 +17,14 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from cortex_ray import ConfigurationError, Runtime, Settings
 from cortex_ray._exceptions import ModelError
 from cortex_ray.models import ChatRequest, ChatResponse, ToolCall, Usage
 from cortex_ray.models.reranking import RerankHit
 from serve.models._builder import DEFAULT_MODELS_APP
+from serve.models._config import EmbedderConfig, LlmConfig, ModelServingConfig
 from serve.models._embedder import EMBEDDER_NAME
+from serve.models._ingress import INGRESS_NAME
 from serve.models._llm import LLM_NAME, chat_backend
 from serve.models._openai import ChatCompletionRequest, Failure
 from serve.models._reranker import RERANKER_NAME
@@ -31,7 +35,16 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("model serving needs Ray Serve: pip install 'cortex-ray[ray]'") from exc
 
-__all__ = ["HandleEmbedder", "HandleModelClient", "HandleReranker", "ModelHandles"]
+__all__ = [
+    "HandleEmbedder",
+    "HandleModelClient",
+    "HandleReranker",
+    "ModelHandles",
+    "open_served_runtime",
+    "served_settings",
+    "serving_config_for",
+    "uses_served_models",
+]
 
 
 class HandleEmbedder:
@@ -168,15 +181,126 @@ class HandleReranker:
 
 @dataclass
 class ModelHandles:
-    """Handles to a running model-serving app's deployments, by their fixed names."""
+    """Handles to a running model-serving app's deployments (``None`` for a model the app
+    does not serve), and the ``ModelServingConfig`` it was built from."""
 
-    embedder: DeploymentHandle[Any]
-    reranker: DeploymentHandle[Any]
-    llm: DeploymentHandle[Any]
+    app_name: str
+    config: ModelServingConfig
+    embedder: DeploymentHandle[Any] | None
+    reranker: DeploymentHandle[Any] | None
+    llm: DeploymentHandle[Any] | None
 
     @classmethod
-    def of_app(cls, app_name: str = DEFAULT_MODELS_APP) -> ModelHandles:
-        def get(name: str) -> DeploymentHandle[Any]:
+    async def connect(cls, app_name: str = DEFAULT_MODELS_APP) -> ModelHandles:
+        """Reach the app ``app_name`` on the connected Ray cluster.
+
+        Raises:
+            ConfigurationError: No such app is running (or it is not healthy).
+        """
+        # serve.status() blocks on the controller: off the event loop.
+        apps = (await asyncio.to_thread(ray_serve.status)).applications
+        state = apps.get(app_name)
+        if state is None or state.status in ("DEPLOY_FAILED", "DELETING"):
+            shown = "is not deployed" if state is None else f"is {state.status.value}"
+            raise ConfigurationError(
+                f"the model-serving app {app_name!r} {shown} on this Ray cluster; deploy it "
+                "(python -m serve.models, or serve run cluster/serve-cpu.yaml) or set "
+                "CORTEX_MODELS_APP to the one that runs"
+            )
+        ingress = ray_serve.get_deployment_handle(INGRESS_NAME, app_name=app_name)
+        config: ModelServingConfig = await ingress.config.remote()
+
+        def get(name: str, present: object) -> DeploymentHandle[Any] | None:
+            if present is None:
+                return None
             return ray_serve.get_deployment_handle(name, app_name=app_name)
 
-        return cls(get(EMBEDDER_NAME), get(RERANKER_NAME), get(LLM_NAME))
+        return cls(
+            app_name,
+            config,
+            get(EMBEDDER_NAME, config.embedder),
+            get(RERANKER_NAME, config.reranker),
+            get(LLM_NAME, config.llm),
+        )
+
+
+def uses_served_models(settings: Settings) -> bool:
+    """Whether the settings name a served backend (so the runtime needs ``models_app``)."""
+    return settings.model_backend == "served" or settings.embedding_backend == "served"
+
+
+async def open_served_runtime(settings: Settings, **kwargs: Any) -> Runtime:
+    """``Runtime.open`` with the ``served`` backends reached through handles to the
+    deployments of ``settings.models_app``; its reranker (if the app has one) reranks
+    knowledge search. Other backends are built from the settings as usual; ``kwargs`` go to
+    ``Runtime.open``.
+
+    Raises:
+        ConfigurationError: The app is not running, does not serve a model the settings
+            name ``served``, or its embedder's dimension is not ``embedding_dim``.
+    """
+    if not uses_served_models(settings):
+        return await Runtime.open(settings, **kwargs)
+    handles = await ModelHandles.connect(settings.models_app)
+    app = settings.models_app
+    if settings.embedding_backend == "served":
+        if handles.embedder is None:
+            raise ConfigurationError(
+                f"embedding_backend=served, but the app {app!r} serves no embedder"
+            )
+        embedder = await HandleEmbedder.connect(handles.embedder)
+        if embedder.dim != settings.embedding_dim:
+            raise ConfigurationError(
+                f"the embedder of {app!r} makes {embedder.dim}-d vectors; "
+                f"embedding_dim is {settings.embedding_dim}"
+            )
+        kwargs.setdefault("embedder", embedder)
+    if settings.model_backend == "served":
+        llm = handles.config.llm
+        if handles.llm is None or llm is None:
+            raise ConfigurationError(f"model_backend=served, but the app {app!r} serves no LLM")
+        kwargs.setdefault(
+            "model",
+            HandleModelClient(
+                handles.llm,
+                llm.served_id,
+                backend=llm.backend,
+                default_temperature=settings.model_temperature,
+                default_max_tokens=settings.model_max_tokens,
+            ),
+        )
+    if handles.reranker is not None and "reranker" not in kwargs:
+        kwargs["reranker"] = await HandleReranker.connect(handles.reranker)
+    return await Runtime.open(settings, **kwargs)
+
+
+def serving_config_for(settings: Settings) -> ModelServingConfig | None:
+    """The model-serving app that serves what the settings name ``served``, built from the
+    same settings (model file, context, threads, embedding model and device); ``None`` when
+    nothing is served. The reranker deployment comes along: without a cross-encoder it
+    reserves nothing and reports itself unavailable."""
+    if not uses_served_models(settings):
+        return None
+    embedder = llm = None
+    if settings.embedding_backend == "served":
+        embedder = EmbedderConfig(model=settings.embedding_model, device=settings.embedding_device)
+    if settings.model_backend == "served":
+        llm = LlmConfig(
+            model_id=settings.model_name,
+            model_path=settings.local_model_path,
+            n_ctx=settings.local_model_context,
+            n_threads=settings.local_model_threads,
+            default_max_tokens=settings.model_max_tokens,
+        )
+    return ModelServingConfig(embedder=embedder, llm=llm)
+
+
+def served_settings(settings: Settings) -> Settings:
+    """The settings with each in-process (``local``) model moved to the model-serving app:
+    what ``python -m serve`` and the demo run with. ``openai``, ``hash`` and ``none`` stay."""
+    update: dict[str, Any] = {}
+    if settings.model_backend == "local":
+        update["model_backend"] = "served"
+    if settings.embedding_backend == "local":
+        update["embedding_backend"] = "served"
+    return settings.model_copy(update=update)

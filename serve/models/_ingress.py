@@ -347,6 +347,10 @@ class _ModelIngressReplica:
     def __serve_build_asgi_app__(self) -> FastAPI:
         return create_model_app(self._config, **self._handles)
 
+    def config(self) -> ModelServingConfig:
+        """What this app serves (``ModelHandles.connect`` reads it through a handle)."""
+        return self._config
+
 
 ModelIngress: Deployment = ray_serve.deployment(name=INGRESS_NAME)(
     ray_serve.ingress()(_ModelIngressReplica)
