@@ -42,10 +42,14 @@ def main(argv: list[str] | None = None) -> None:
     settings = Settings()
     options = ApiOptions.model_validate({**settings.api.model_dump(), **overrides})
     settings = settings.model_copy(update={"api": options})
-    # A background job inherits SIGINT ignored; a service manager stops us with SIGTERM.
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init()  # RAY_ADDRESS, or a local Ray
+    # After ray.init: Ray's core worker installs a SIGTERM handler that logs and kills the
+    # process; ours replaces it so that the apps are deleted and the embedded PostgreSQL
+    # stopped. A background job inherits SIGINT ignored; a service manager sends SIGTERM.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
-    started_ray = not ray.is_initialized()
     try:
         api = run_local(settings, serve_models=not args.in_process_models)
         print(f"cortex-ray API on {api.url} (docs: {api.url}/docs); Ctrl-C stops it", flush=True)
