@@ -20,6 +20,7 @@ publish           the first publication (vocabulary from scratch) and an increme
                   after 1% of the sources changed
 
 Run: ``.venv/bin/python bench/search_latency.py --passages 100000 --text DIR [--text DIR]``
+(``--data-dir D --reuse`` keeps the built corpus in D and measures it again on later runs.)
 """
 
 from __future__ import annotations
@@ -168,15 +169,24 @@ async def measure(args: argparse.Namespace) -> None:
     with scratch_data_dir(args.data_dir) as data_dir:
         settings = Settings(data_dir=data_dir, database_url=args.database_url, pool_max_size=16)
         db = await Database.open(settings)
-        org = f"lat-{uuid.uuid4().hex[:8]}"
+        # --reuse: a corpus built by an earlier run into the same --data-dir (same passages)
+        # is measured again as it is, so that settings can be compared without a rebuild.
+        marker = data_dir / f"search-latency-{len(texts)}.org"
+        reused = args.reuse and marker.exists()
+        org = marker.read_text().strip() if reused else f"lat-{uuid.uuid4().hex[:8]}"
         try:
-            build_t = await asyncio.to_thread(build, db.dsn, org, texts, rng)
-            vec_s = await asyncio.to_thread(add_vectors, db.dsn, org, rng, centres)
-            print(
-                f"  write {build_t['write_s']:.1f} s ({len(texts) / build_t['write_s']:.0f} "
-                f"passages/s), first publish {build_t['first_publish_ms_per_collection']:.0f} "
-                f"ms per collection, vectors + HNSW {vec_s:.1f} s"
-            )
+            if reused:
+                print(f"  reusing {org} from {marker}")
+            else:
+                build_t = await asyncio.to_thread(build, db.dsn, org, texts, rng)
+                vec_s = await asyncio.to_thread(add_vectors, db.dsn, org, rng, centres)
+                marker.write_text(org)
+                print(
+                    f"  write {build_t['write_s']:.1f} s "
+                    f"({len(texts) / build_t['write_s']:.0f} passages/s), first publish "
+                    f"{build_t['first_publish_ms_per_collection']:.0f} ms per collection, "
+                    f"vectors + HNSW {vec_s:.1f} s"
+                )
 
             config = RetrievalConfig(ef_search=args.ef_search)
             if args.postings_per_term:
@@ -242,8 +252,13 @@ async def measure(args: argparse.Namespace) -> None:
                 len(await service.passage_dense(org, one, v, 100)) for _, v in queries[:50]
             ]
 
-            # Incremental publish: 1% of one collection's sources change.
-            inc_ms = await asyncio.to_thread(incremental_publish, db.dsn, org, texts)
+            # Incremental publish: 1% of one collection's sources change (a reused corpus
+            # would drift with each run, so it is left as built).
+            inc_ms = (
+                None
+                if args.reuse
+                else await asyncio.to_thread(incremental_publish, db.dsn, org, texts)
+            )
 
             print()
             print(f"hybrid candidates, one client     {percentiles(single)}")
@@ -262,7 +277,10 @@ async def measure(args: argparse.Namespace) -> None:
                 f"BM25 top-10 agreement with exact  {statistics.mean(agree):.3f} "
                 f"over {len(agree)} queries"
             )
-            print(f"incremental publish (1% of a collection's sources changed): {inc_ms:.0f} ms")
+            if inc_ms is not None:
+                print(
+                    f"incremental publish (1% of a collection's sources changed): {inc_ms:.0f} ms"
+                )
             p95 = lambda xs: float(np.percentile(xs, 95))  # noqa: E731
             print()
             print(
@@ -325,6 +343,12 @@ def main() -> None:
     parser.add_argument("--postings-per-term", type=int, default=None)
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--database-url", default=None)
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="with --data-dir: measure the corpus an earlier --reuse run built there "
+        "(build it if absent); skips the incremental publish",
+    )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     asyncio.run(measure(parser.parse_args()))
 

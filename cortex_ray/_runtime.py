@@ -231,7 +231,9 @@ class Runtime:
             memory = MemoryService(database, emb, settings, importance)
             knowledge: KnowledgeService | None = None
             if emb.dim == KNOWLEDGE_DIM:
-                knowledge = KnowledgeService(database, emb, reranker=reranker)
+                knowledge = KnowledgeService(
+                    database, emb, config=settings.knowledge, reranker=reranker
+                )
             else:
                 log.warning(
                     "knowledge search is off: the store holds %d-d vectors, the embedder "

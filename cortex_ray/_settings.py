@@ -5,6 +5,7 @@ underscores: pydantic-settings' nested delimiter)."""
 from __future__ import annotations
 
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -52,6 +53,37 @@ class ApiOptions(BaseModel):
         description="CPUs each API replica reserves (it mostly waits on the database and the "
         "actors); with the served models the local stack reserves 1.5",
     )
+
+
+class Fusion(StrEnum):
+    """How the lexical and dense rankings are combined."""
+
+    RRF = "rrf"
+    """Reciprocal-rank fusion: ``Σ 1 / (rrf_k + rank)`` over the lists a passage appears in."""
+    WEIGHTED = "weighted"
+    """Min-max normalised scores, ``w · bm25 + (1 - w) · cosine``."""
+
+
+class RetrievalConfig(BaseModel):
+    """Knowledge search: ``Settings.knowledge``, ``CORTEX_KNOWLEDGE__<FIELD>`` (defaults
+    measured on wiki-ir-dev and at 1M passages; see docs/knowledge.md)."""
+
+    fusion: Fusion = Fusion.WEIGHTED
+    rrf_k: int = Field(default=60, ge=1)
+    bm25_weight: float = Field(default=0.05, ge=0.0, le=1.0)
+    postings_per_term: int = Field(default=3000, ge=10)
+    """Impact-ordered postings read per query term before the exact rescore."""
+    bm25_candidates: int = Field(default=100, ge=1)
+    dense_candidates: int = Field(default=100, ge=1)
+    sections: int = Field(default=8, ge=0)
+    """Sections surfaced by the section vectors, whose passages may be embedded lazily."""
+    lazy_passages: int = Field(default=32, ge=0)
+    """At most this many passage vectors are computed while answering one query."""
+    ef_search: int = Field(default=100, ge=10)
+    rerank_candidates: int = Field(default=30, ge=1)
+    exact_fallback_passages: int = Field(default=50_000, ge=0)
+    """When HNSW returns fewer than asked and the searched publication holds at most this many
+    passages, search its vectors exactly instead."""
 
 
 class SessionPolicy(BaseModel):
@@ -169,6 +201,7 @@ class Settings(BaseSettings):
     # the Ray layers
     api: ApiOptions = Field(default_factory=ApiOptions)
     sessions: SessionPolicy = Field(default_factory=SessionPolicy)
+    knowledge: RetrievalConfig = Field(default_factory=RetrievalConfig)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -20,6 +20,7 @@ import pydantic
 import pytest
 
 from cortex_ray import ApiOptions, Settings
+from cortex_ray.knowledge import RetrievalConfig
 from cortex_ray.storage import EmbeddedPostgres
 
 CLI = [sys.executable, "-m", "cortex_ray.cli"]
@@ -214,9 +215,16 @@ def test_the_ray_layers_settings_are_groups_of_the_one_settings_object(monkeypat
     monkeypatch.setenv("CORTEX_API__PORT", "9001")
     monkeypatch.setenv("CORTEX_SESSIONS__MAX_LIVE_SESSIONS", "3")
     monkeypatch.setenv("CORTEX_SESSIONS__NAMESPACE", "team-a")
+    monkeypatch.setenv("CORTEX_KNOWLEDGE__POSTINGS_PER_TERM", "5000")
+    monkeypatch.setenv("CORTEX_KNOWLEDGE__FUSION", "rrf")
     settings = Settings()
     assert settings.api.port == 9001 and settings.api.host == "127.0.0.1"
     assert settings.sessions.max_live_sessions == 3 and settings.sessions.namespace == "team-a"
+    assert settings.knowledge.postings_per_term == 5000 and settings.knowledge.fusion == "rrf"
+    assert settings.knowledge.bm25_weight == RetrievalConfig().bm25_weight
+    monkeypatch.setenv("CORTEX_KNOWLEDGE__BM25_WEIGHT", "2")
+    with pytest.raises(pydantic.ValidationError, match="bm25_weight"):
+        Settings()
     with pytest.raises(pydantic.ValidationError):
         ApiOptions(port=70_000)
 

@@ -25,6 +25,7 @@ from cortex_ray import (
 from cortex_ray.access import AccessControlService
 from cortex_ray.act import InvocationContext, ToolDispatcher, ToolRegistry
 from cortex_ray.knowledge import (
+    Fusion,
     KnowledgeService,
     KnowledgeWriter,
     RetrievalConfig,
@@ -492,8 +493,9 @@ async def test_an_agent_run_searches_knowledge_and_its_ledger_keeps_the_citation
         done = {"finish": True, "message": "It needs no network.", "rationale": "cited"}
         return json.dumps({"candidates": [done]})
 
+    tuned = settings.knowledge.model_copy(update={"fusion": Fusion.RRF, "postings_per_term": 500})
     runtime = await Runtime.open(
-        settings.model_copy(update={"candidates": 1}),
+        settings.model_copy(update={"candidates": 1, "knowledge": tuned}),
         model=ScriptedModelClient(responder=plan),
         embedder=HashEmbedder(384),
         importance=HeuristicImportanceScorer(),
@@ -501,6 +503,7 @@ async def test_an_agent_run_searches_knowledge_and_its_ledger_keeps_the_citation
     )
     try:
         assert runtime.knowledge is not None
+        assert runtime.knowledge.config == tuned  # Settings.knowledge reaches the service
         agent = await runtime.create_agent(
             org, "librarian", mode=AgentMode.AUTONOMOUS, tools=["knowledge_search"]
         )

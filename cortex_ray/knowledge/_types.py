@@ -6,7 +6,9 @@ from enum import StrEnum
 from typing import Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
+
+from cortex_ray._settings import Fusion, RetrievalConfig
 
 __all__ = [
     "Fusion",
@@ -22,15 +24,6 @@ __all__ = [
 ]
 
 HealthEvent = Literal["READ_OK", "READ_FAILURE", "DISAPPEARED", "SKIPPED"]
-
-
-class Fusion(StrEnum):
-    """How the lexical and dense rankings are combined."""
-
-    RRF = "rrf"
-    """Reciprocal-rank fusion: ``Σ 1 / (rrf_k + rank)`` over the lists a passage appears in."""
-    WEIGHTED = "weighted"
-    """Min-max normalised scores, ``w · bm25 + (1 - w) · cosine``."""
 
 
 class Tier(StrEnum):
@@ -80,27 +73,6 @@ class PublishReport(_Frozen):
 class GarbageReport(_Frozen):
     generations: int
     source_versions: int
-
-
-class RetrievalConfig(BaseModel):
-    """Retrieval knobs (defaults measured on wiki-ir-dev; see docs/knowledge.md)."""
-
-    fusion: Fusion = Fusion.WEIGHTED
-    rrf_k: int = Field(default=60, ge=1)
-    bm25_weight: float = Field(default=0.05, ge=0.0, le=1.0)
-    postings_per_term: int = Field(default=3000, ge=10)
-    """Impact-ordered postings read per query term before the exact rescore."""
-    bm25_candidates: int = Field(default=100, ge=1)
-    dense_candidates: int = Field(default=100, ge=1)
-    sections: int = Field(default=8, ge=0)
-    """Sections surfaced by the section vectors, whose passages may be embedded lazily."""
-    lazy_passages: int = Field(default=32, ge=0)
-    """At most this many passage vectors are computed while answering one query."""
-    ef_search: int = Field(default=100, ge=10)
-    rerank_candidates: int = Field(default=30, ge=1)
-    exact_fallback_passages: int = Field(default=50_000, ge=0)
-    """When HNSW returns fewer than asked and the searched publication holds at most this many
-    passages, search its vectors exactly instead."""
 
 
 class SearchHit(_Frozen):
