@@ -58,6 +58,8 @@ from serve.models import (
 )
 
 HANDLE_TARGET, BATCH_TARGET = 0.8, 4.0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -34,6 +34,7 @@ from cortex_ray.knowledge import (
     Tier,
     knowledge_search_tool,
 )
+from cortex_ray.knowledge._bm25 import term_counts
 from cortex_ray.models import HashEmbedder, RerankHit
 from cortex_ray.storage import Database, Store
 
@@ -210,7 +211,6 @@ async def test_bulk_registration_and_batched_writes_keep_every_guarantee(
         ("image.md", "SKIPPED", "binary"),
     ]
     expected = sum(len(passages) for _, _, passages in documents)
-    assert writer.write_documents(gen, documents, health) == expected
 
     async def stored() -> dict[str, Any]:
         got = await rows(
@@ -224,7 +224,23 @@ async def test_bulk_registration_and_batched_writes_keep_every_guarantee(
         )
         return got[0]
 
+    empty = await stored()
+    # A batch prepared by one writer can be written by another (the job's writing thread).
+    other = KnowledgeWriter(writer.dsn)
+    try:
+        written = other.write_prepared(writer.prepare_documents(gen, documents[:1]))
+    finally:
+        other.close()
+    assert written == len(documents[0][2])
+    # Half of the batch is there already (a retry): the rest is inserted, with its postings.
+    assert writer.write_documents(gen, documents, health) == expected - written
     before = await stored()
+    assert before == {
+        "passages": empty["passages"] + expected,
+        "postings": empty["postings"]
+        + sum(len(term_counts(p.text)[0]) for _, _, passages in documents for p in passages),
+        "sections": empty["sections"] + sum(len(sections) for _, sections, _ in documents),
+    }
     assert writer.write_documents(gen, documents) == 0  # a retried batch writes nothing twice
     assert await stored() == before
 

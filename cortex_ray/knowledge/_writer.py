@@ -9,7 +9,10 @@ The publication protocol (docs/knowledge.md):
    number of processes; a retried batch writes nothing twice). Jobs use the bulk forms, which
    do per-batch work instead of per-file work: ``register_sources`` (one transaction for many
    files), ``carry_forward_sources``, and ``write_documents`` (the sections, passages,
-   postings and health events of many documents in one transaction).
+   postings and health events of many documents in one transaction). ``write_documents`` is
+   ``prepare_documents`` (the client-side work: tokens, COPY text under reserved passage ids)
+   then ``write_prepared`` (the transaction), so a job can prepare one batch while another
+   connection writes the previous one.
 3. ``mark_disappeared`` records the sources that were not seen this run.
 4. ``publish`` computes the generation's BM25 statistics from the previous publication's
    plus the difference in membership, and swaps the collection's pointer in one
@@ -26,6 +29,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,7 +48,15 @@ from cortex_ray.knowledge._types import (
     SourceVersion,
 )
 
-__all__ = ["DIM", "Document", "HealthRecord", "KnowledgeWriter", "SourceFile", "vector_literal"]
+__all__ = [
+    "DIM",
+    "Document",
+    "HealthRecord",
+    "KnowledgeWriter",
+    "PreparedDocuments",
+    "SourceFile",
+    "vector_literal",
+]
 
 log = logging.getLogger("cortex_ray.knowledge")
 SyncConn = psycopg.Connection[dict[str, Any]]
@@ -77,6 +89,63 @@ def _clean(text: str) -> str:
     return text.replace("\x00", "\ufffd") if "\x00" in text else text
 
 
+_PASSAGES_COPY = (
+    "COPY kb_passages (org_id, id, source_id, version, collection, ordinal, section_ordinal, "
+    "text, line_start, line_end, byte_start, byte_end, length) FROM STDIN"
+)
+_POSTINGS_COPY = "COPY kb_postings (org_id, passage_id, term, collection, tf, impact) FROM STDIN"
+
+
+@dataclass
+class PreparedDocuments:
+    """A ``write_documents`` batch after its client-side work (``prepare_documents``): the
+    rows, and the COPY text of the passages and postings under reserved passage ids."""
+
+    generation: Generation
+    members: dict[uuid.UUID, int]
+    sections: list[tuple[SourceVersion, SplitSection, None]]
+    owners: list[SourceVersion]
+    passages: list[SplitPassage]
+    texts: list[str]
+    lengths: list[int]
+    counts: dict[tuple[uuid.UUID, int], Counter[str]]
+    avgdl: float
+    health: list[HealthRecord]
+    passages_copy: str = ""
+    postings_copy: str = ""
+
+
+def _copy_texts(prepared: PreparedDocuments, ids: Sequence[int]) -> tuple[str, str]:
+    """The COPY text of the passages and of their postings, under ``ids``.
+
+    Built as text rather than row by row with ``write_row`` (~5 µs a row, ~70 postings a
+    passage): terms are ``\\w+`` (no tab, newline or backslash) and numbers need no
+    escaping; only names and passage texts are escaped.
+    """
+    gen = prepared.generation
+    org = _copy_escape(gen.org_id)
+    col = _copy_escape(gen.collection)
+    passages: list[str] = []
+    postings: list[str] = []
+    for pid, source, p, text, length in zip(
+        ids, prepared.owners, prepared.passages, prepared.texts, prepared.lengths, strict=True
+    ):
+        span = p.span
+        passages.append(
+            f"{org}\t{pid}\t{source.source_id}\t{source.version}\t{col}\t{p.ordinal}\t"
+            f"{p.section_ordinal}\t{_copy_escape(text)}\t{span.line_start}\t{span.line_end}\t"
+            f"{span.byte_start}\t{span.byte_end}\t{length}\n"
+        )
+        norm = length_norm(length, prepared.avgdl)
+        head = f"{org}\t{pid}\t"
+        tail = f"\t{col}\t"
+        postings.extend(
+            f"{head}{term}{tail}{tf}\t{tf / (tf + norm)!r}\n"
+            for term, tf in prepared.counts[(source.source_id, p.ordinal)].items()
+        )
+    return "".join(passages), "".join(postings)
+
+
 class KnowledgeWriter:
     """Writes generations of a collection. Not thread-safe: one per worker process."""
 
@@ -87,6 +156,7 @@ class KnowledgeWriter:
         self._avgdl: dict[tuple[str, str], float] = {}
         self._seen: dict[tuple[str, str], list[int]] = {}  # [passages, total length]
         self._ensured: set[tuple[str, str]] = set()  # collections known to exist
+        self._passage_ids: str | None = None  # the sequence of kb_passages.id
 
     # -- connection --------------------------------------------------------------------
 
@@ -562,6 +632,20 @@ class KnowledgeWriter:
         Every document's source becomes a member of ``generation`` (also one with no records).
         Idempotent like ``write_sections`` and ``write_passages``: a retried call inserts no
         passage or posting twice (health events, a log, are recorded again).
+        ``prepare_documents`` + ``write_prepared`` are the same in two steps.
+        """
+        return self.write_prepared(self.prepare_documents(generation, documents, health))
+
+    def prepare_documents(
+        self,
+        generation: Generation | int,
+        documents: Sequence[Document],
+        health: Sequence[HealthRecord] = (),
+    ) -> PreparedDocuments:
+        """The client-side work of ``write_documents``: tokenise the passages and build the
+        COPY text of passages and postings, under passage ids reserved from the table's
+        sequence. Only the reservation touches the database (one small query), so a job can
+        prepare the next batch while another connection writes this one (``write_prepared``).
         """
         gen = self._generation(generation)
         self._check_events(health)
@@ -585,24 +669,81 @@ class KnowledgeWriter:
                 lengths.append(length)
                 texts.append(text)
         avgdl = self._avgdl_estimate(gen, lengths) if flat else _DEFAULT_AVGDL
-        if health:
+        prepared = PreparedDocuments(
+            generation=gen,
+            members=members,
+            sections=[(source, s, None) for source, sections, _ in documents for s in sections],
+            owners=owners,
+            passages=flat,
+            texts=texts,
+            lengths=lengths,
+            counts=counts,
+            avgdl=avgdl,
+            health=list(health),
+        )
+        if flat:
+            ids = self._reserve_passage_ids(len(flat))
+            prepared.passages_copy, prepared.postings_copy = _copy_texts(prepared, ids)
+        return prepared
+
+    def _reserve_passage_ids(self, n: int) -> list[int]:
+        # Identity values taken ahead: unique whatever else inserts (gaps are harmless).
+        if self._passage_ids is None:
+            row = self._one("SELECT pg_get_serial_sequence('kb_passages', 'id') AS seq")
+            assert row is not None
+            self._passage_ids = str(row["seq"])
+        rows = self.conn.execute(
+            "SELECT nextval(%s::regclass) AS id FROM generate_series(1, %s)",
+            (self._passage_ids, n),
+        ).fetchall()
+        return [r["id"] for r in rows]
+
+    def write_prepared(self, prepared: PreparedDocuments) -> int:
+        """Write what ``prepare_documents`` built, in one transaction; returns how many
+        passages were new. Any writer may write it (e.g. one on another thread).
+
+        The passages and their postings are COPYed under the reserved ids. If some of these
+        passages exist already (a retried batch, or another task writing the same version),
+        the COPY fails on the unique key and the batch is written again the careful way:
+        ``INSERT ... ON CONFLICT DO NOTHING``, postings only for the passages inserted.
+        """
+        gen = prepared.generation
+        if prepared.health:
             self._ensure_collection(gen.org_id, gen.collection)
+        if prepared.passages:
+            try:
+                return self._write_prepared(prepared, fast=True)
+            except psycopg.errors.UniqueViolation:
+                log.info("generation %s: passages written before; inserting the new ones", gen.id)
+        return self._write_prepared(prepared, fast=False)
+
+    def _write_prepared(self, prepared: PreparedDocuments, *, fast: bool) -> int:
+        gen = prepared.generation
         with self.conn.transaction():
             conn = self.conn
             self._lock_building(conn, gen)
-            self._include_many(conn, gen, members, carried=False)
-            self._insert_sections(
-                conn,
-                gen,
-                [(source, s, None) for source, sections, _ in documents for s in sections],
-            )
+            self._include_many(conn, gen, prepared.members, carried=False)
+            self._insert_sections(conn, gen, prepared.sections)
             inserted = 0
-            if flat:
+            if prepared.passages and fast:
+                with conn.cursor().copy(_PASSAGES_COPY) as copy:
+                    copy.write(prepared.passages_copy)
+                with conn.cursor().copy(_POSTINGS_COPY) as copy:
+                    copy.write(prepared.postings_copy)
+                inserted = len(prepared.passages)
+            elif prepared.passages:
                 inserted = self._insert_passages(
-                    conn, gen, owners, flat, texts, lengths, counts, avgdl
+                    conn,
+                    gen,
+                    prepared.owners,
+                    prepared.passages,
+                    prepared.texts,
+                    prepared.lengths,
+                    prepared.counts,
+                    prepared.avgdl,
                 )
-            if health:
-                self._record_events(conn, gen.org_id, gen.collection, health)
+            if prepared.health:
+                self._record_events(conn, gen.org_id, gen.collection, prepared.health)
         return inserted
 
     @staticmethod
@@ -651,9 +792,7 @@ class KnowledgeWriter:
             # and ints and floats need no escaping; only the names are escaped.
             head = f"{_copy_escape(gen.org_id)}\t"
             col = f"\t{_copy_escape(gen.collection)}\t"
-            with conn.cursor().copy(
-                "COPY kb_postings (org_id, passage_id, term, collection, tf, impact) FROM STDIN"
-            ) as copy:
+            with conn.cursor().copy(_POSTINGS_COPY) as copy:
                 lines: list[str] = []
                 for row in inserted:
                     norm = length_norm(row["length"], avgdl)
