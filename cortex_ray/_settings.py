@@ -71,7 +71,7 @@ class RetrievalConfig(BaseModel):
     fusion: Fusion = Fusion.WEIGHTED
     rrf_k: int = Field(default=60, ge=1)
     bm25_weight: float = Field(default=0.05, ge=0.0, le=1.0)
-    postings_per_term: int = Field(default=3000, ge=10)
+    postings_per_term: int = Field(default=10_000, ge=10)
     """Impact-ordered postings read per query term before the exact rescore."""
     bm25_candidates: int = Field(default=100, ge=1)
     dense_candidates: int = Field(default=100, ge=1)

@@ -89,7 +89,7 @@ WHERE c.org_id = %(org)s AND (%(names)s::text[] IS NULL OR c.name = ANY(%(names)
 _BM25_SQL = f"""
 WITH q AS MATERIALIZED (
     SELECT ts.term,
-           ln(1 + (%(n)s - sum(ts.df) + 0.5) / (sum(ts.df) + 0.5)) AS idf
+           ln(1 + (%(n)s::float8 - sum(ts.df)::float8 + 0.5) / (sum(ts.df)::float8 + 0.5)) AS idf
     FROM kb_term_stats ts
     WHERE ts.org_id = %(org)s AND ts.generation = ANY(%(gens)s::bigint[])
       AND ts.term = ANY(%(terms)s::text[])
