@@ -20,7 +20,7 @@ async def open_runtime(settings: Settings) -> Runtime:
     (``CORTEX_MODEL_BACKEND=served``, ``CORTEX_EMBEDDING_BACKEND=served``; what
     ``python -m serve`` and the demo set) is reached through handles to the deployments of
     ``settings.models_app``, so the actor loads no model weights of its own."""
-    if settings.model_backend == "served" or settings.embedding_backend == "served":
+    if settings.uses_served_models:
         from serve.models import open_served_runtime
 
         return await open_served_runtime(settings)

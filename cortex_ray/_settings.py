@@ -203,6 +203,11 @@ class Settings(BaseSettings):
     sessions: SessionPolicy = Field(default_factory=SessionPolicy)
     knowledge: RetrievalConfig = Field(default_factory=RetrievalConfig)
 
+    @property
+    def uses_served_models(self) -> bool:
+        """A model or the embedder is ``served``: only the Ray layers can open this runtime."""
+        return self.model_backend == "served" or self.embedding_backend == "served"
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
         if self.pool_max_size < self.pool_min_size:

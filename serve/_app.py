@@ -162,7 +162,7 @@ async def _open_runtime(source: Runtime | Settings | RuntimeFactory | None) -> R
         return source
     if source is None or isinstance(source, Settings):
         settings = source or _settings_from_env()
-        if settings.model_backend == "served" or settings.embedding_backend == "served":
+        if settings.uses_served_models:
             # only here, in a replica on Ray: the core and the plain app import no Ray
             from serve.models import open_served_runtime
 

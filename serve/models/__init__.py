@@ -34,7 +34,6 @@ from serve.models._handles import (
     open_served_runtime,
     served_settings,
     serving_config_for,
-    uses_served_models,
 )
 from serve.models._ingress import INGRESS_NAME, ModelIngress, create_model_app
 from serve.models._llm import LLM_NAME, LlamaCppDeployment, LlamaCppServer, build_vllm_deployment
@@ -74,5 +73,4 @@ __all__ = [
     "run_local",
     "served_settings",
     "serving_config_for",
-    "uses_served_models",
 ]

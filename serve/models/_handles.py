@@ -43,7 +43,6 @@ __all__ = [
     "open_served_runtime",
     "served_settings",
     "serving_config_for",
-    "uses_served_models",
 ]
 
 
@@ -224,11 +223,6 @@ class ModelHandles:
         )
 
 
-def uses_served_models(settings: Settings) -> bool:
-    """Whether the settings name a served backend (so the runtime needs ``models_app``)."""
-    return settings.model_backend == "served" or settings.embedding_backend == "served"
-
-
 async def open_served_runtime(settings: Settings, **kwargs: Any) -> Runtime:
     """``Runtime.open`` with the ``served`` backends reached through handles to the
     deployments of ``settings.models_app``; its reranker (if the app has one) reranks
@@ -239,7 +233,7 @@ async def open_served_runtime(settings: Settings, **kwargs: Any) -> Runtime:
         ConfigurationError: The app is not running, does not serve a model the settings
             name ``served``, or its embedder's dimension is not ``embedding_dim``.
     """
-    if not uses_served_models(settings):
+    if not settings.uses_served_models:
         return await Runtime.open(settings, **kwargs)
     handles = await ModelHandles.connect(settings.models_app)
     app = settings.models_app
@@ -279,7 +273,7 @@ def serving_config_for(settings: Settings) -> ModelServingConfig | None:
     same settings (model file, context, threads, embedding model and device); ``None`` when
     nothing is served. The reranker deployment comes along: without a cross-encoder it
     reserves nothing and reports itself unavailable."""
-    if not uses_served_models(settings):
+    if not settings.uses_served_models:
         return None
     embedder = llm = None
     if settings.embedding_backend == "served":
