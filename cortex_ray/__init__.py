@@ -27,7 +27,7 @@ from cortex_ray._runtime import (
     build_model,
     events_until,
 )
-from cortex_ray._settings import ApiOptions, SessionPolicy, Settings
+from cortex_ray._settings import ApiOptions, SessionPolicy, Settings, load_settings
 from cortex_ray._types import (
     ActionType,
     Agent,
@@ -112,5 +112,6 @@ __all__ = [
     "build_embedder",
     "build_model",
     "events_until",
+    "load_settings",
 ]
 __version__ = "0.1.0"

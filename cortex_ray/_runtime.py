@@ -28,7 +28,7 @@ from cortex_ray._exceptions import (
     ConflictError,
     InvalidRequestError,
 )
-from cortex_ray._settings import Settings
+from cortex_ray._settings import Settings, load_settings
 from cortex_ray._types import (
     Agent,
     AgentAction,
@@ -213,10 +213,7 @@ class Runtime:
         and each result says so.
         """
         if settings is None:
-            try:
-                settings = Settings()
-            except ValidationError as exc:
-                raise ConfigurationError(f"invalid CORTEX_* setting: {_first_error(exc)}") from exc
+            settings = load_settings()
         if isinstance(model, str) and model != "settings":
             raise ConfigurationError(f"model must be a ModelClient or None, not {model!r}")
         # The database first: it is the cheapest to fail, and everything opened after it

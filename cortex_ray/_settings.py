@@ -9,8 +9,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from cortex_ray._exceptions import ConfigurationError
 
 __all__ = ["ApiOptions", "SessionPolicy", "Settings", "default_data_dir"]
 
@@ -219,3 +221,15 @@ class Settings(BaseSettings):
         if self.embedding_backend == "openai" and not self.embedding_url:
             raise ValueError("embedding_backend=openai needs embedding_url (CORTEX_EMBEDDING_URL)")
         return self
+
+
+def load_settings() -> Settings:
+    """``Settings()`` from the environment; a bad value is a ``ConfigurationError`` naming
+    its variable (``invalid setting CORTEX_API__PORT: ...``)."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = "__".join(str(part) for part in first["loc"])  # nested: CORTEX_API__PORT
+        name = f"CORTEX_{field.upper()}" if field else "settings"
+        raise ConfigurationError(f"invalid setting {name}: {first['msg']}") from exc

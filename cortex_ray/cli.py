@@ -35,13 +35,12 @@ from rich.table import Table
 from rich.text import Text
 
 from cortex_ray._exceptions import (
-    ConfigurationError,
     CortexError,
     InvalidRequestError,
     NotFoundError,
 )
 from cortex_ray._runtime import Runtime
-from cortex_ray._settings import Settings
+from cortex_ray._settings import load_settings
 from cortex_ray._types import (
     Agent,
     AgentMode,
@@ -136,21 +135,11 @@ def _execute(work: Coroutine[Any, Any, int]) -> None:
     raise typer.Exit(code)
 
 
-def _load_settings() -> Settings:
-    try:
-        return Settings()
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        field = "__".join(str(part) for part in first["loc"])  # nested: CORTEX_API__PORT
-        name = f"CORTEX_{field.upper()}" if field else "settings"
-        raise ConfigurationError(f"invalid setting {name}: {first['msg']}") from exc
-
-
 @asynccontextmanager
 async def _runtime(*, with_models: bool) -> AsyncIterator[Runtime]:
     """An open runtime, always closed again. Without models it loads neither model file,
     which keeps the bookkeeping commands fast."""
-    settings = _load_settings()
+    settings = load_settings()
     where = "connecting to PostgreSQL" if settings.database_url else "starting PostgreSQL"
     label = f"{where} and loading models…" if with_models else f"{where}…"
     with _err.status(label):

@@ -24,7 +24,7 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import AwareDatetime, ValidationError
+from pydantic import AwareDatetime
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
@@ -34,7 +34,6 @@ from cortex_ray import (
     Agent,
     AgentMode,
     ApiOptions,
-    ConfigurationError,
     Executor,
     InProcessExecutor,
     MemoryKind,
@@ -48,6 +47,7 @@ from cortex_ray import (
     TurnEvent,
     TurnEventKind,
     events_until,
+    load_settings,
 )
 from cortex_ray.knowledge import Fusion
 from serve._errors import ApiProblem, error_response, install_error_handlers, status_of
@@ -148,20 +148,11 @@ def _waiter(executor: Executor, org: str, run_id: UUID) -> Awaitable[object] | N
     return None
 
 
-def _settings_from_env() -> Settings:
-    try:
-        return Settings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigurationError(f"invalid CORTEX_* setting {where}: {first['msg']}") from exc
-
-
 async def _open_runtime(source: Runtime | Settings | RuntimeFactory | None) -> Runtime:
     if isinstance(source, Runtime):
         return source
     if source is None or isinstance(source, Settings):
-        settings = source or _settings_from_env()
+        settings = source or load_settings()
         if settings.uses_served_models:
             # only here, in a replica on Ray: the core and the plain app import no Ray
             from serve.models import open_served_runtime

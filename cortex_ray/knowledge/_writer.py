@@ -28,7 +28,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,14 +136,22 @@ def _copy_texts(prepared: PreparedDocuments, ids: Sequence[int]) -> tuple[str, s
             f"{p.section_ordinal}\t{_copy_escape(text)}\t{span.line_start}\t{span.line_end}\t"
             f"{span.byte_start}\t{span.byte_end}\t{length}\n"
         )
-        norm = length_norm(length, prepared.avgdl)
-        head = f"{org}\t{pid}\t"
-        tail = f"\t{col}\t"
         postings.extend(
-            f"{head}{term}{tail}{tf}\t{tf / (tf + norm)!r}\n"
-            for term, tf in prepared.counts[(source.source_id, p.ordinal)].items()
+            _posting_lines(
+                f"{org}\t{pid}\t",
+                f"\t{col}\t",
+                prepared.counts[(source.source_id, p.ordinal)],
+                length_norm(length, prepared.avgdl),
+            )
         )
     return "".join(passages), "".join(postings)
+
+
+def _posting_lines(head: str, col: str, counts: Counter[str], norm: float) -> Iterator[str]:
+    """COPY lines of one passage's postings: ``head`` is ``org\\tpassage_id\\t``, ``col`` is
+    ``\\tcollection\\t`` (both escaped), ``norm`` the passage's BM25 length normalisation.
+    Terms are ``\\w+`` and numbers need no escaping."""
+    return (f"{head}{term}{col}{tf}\t{tf / (tf + norm)!r}\n" for term, tf in counts.items())
 
 
 class KnowledgeWriter:
@@ -795,11 +803,13 @@ class KnowledgeWriter:
             with conn.cursor().copy(_POSTINGS_COPY) as copy:
                 lines: list[str] = []
                 for row in inserted:
-                    norm = length_norm(row["length"], avgdl)
-                    pid = f"{head}{row['id']}\t"
                     lines.extend(
-                        f"{pid}{term}{col}{tf}\t{tf / (tf + norm)!r}\n"
-                        for term, tf in counts[(row["source_id"], row["ordinal"])].items()
+                        _posting_lines(
+                            f"{head}{row['id']}\t",
+                            col,
+                            counts[(row["source_id"], row["ordinal"])],
+                            length_norm(row["length"], avgdl),
+                        )
                     )
                     if len(lines) >= 20_000:
                         copy.write("".join(lines))

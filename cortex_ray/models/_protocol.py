@@ -58,6 +58,31 @@ class ChatRequest(BaseModel):
     temperature: float | None = None
     max_tokens: int | None = None
 
+    def to_openai(
+        self,
+        model: str,
+        *,
+        default_temperature: float,
+        default_max_tokens: int,
+        json_schema: bool = True,
+    ) -> dict[str, Any]:
+        """The OpenAI chat-completions body of this call; the schema goes as
+        ``response_format`` when the server can constrain to it (``json_schema``)."""
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": [m.to_openai() for m in self.messages],
+            "temperature": default_temperature if self.temperature is None else self.temperature,
+            "max_tokens": self.max_tokens or default_max_tokens,
+        }
+        if self.tools:
+            body["tools"] = list(self.tools)
+        if self.response_schema is not None and json_schema:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": self.schema_name, "schema": self.response_schema},
+            }
+        return body
+
 
 class Usage(BaseModel):
     model_config = ConfigDict(frozen=True)

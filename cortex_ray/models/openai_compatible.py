@@ -4,8 +4,6 @@ llama.cpp's server, the cortex-ray model deployment, hosted APIs), built on the 
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx2 as httpx
 import openai
 
@@ -51,21 +49,12 @@ class OpenAICompatibleClient:
         return self._supports_json_schema
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
-        kwargs: dict[str, Any] = {
-            "model": self._model,
-            "messages": [m.to_openai() for m in request.messages],
-            "temperature": (
-                self._temperature if request.temperature is None else request.temperature
-            ),
-            "max_tokens": request.max_tokens or self._max_tokens,
-        }
-        if request.tools:
-            kwargs["tools"] = list(request.tools)
-        if request.response_schema is not None and self._supports_json_schema:
-            kwargs["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": request.schema_name, "schema": request.response_schema},
-            }
+        kwargs = request.to_openai(
+            self._model,
+            default_temperature=self._temperature,
+            default_max_tokens=self._max_tokens,
+            json_schema=self._supports_json_schema,
+        )
         try:
             completion = await self._client.chat.completions.create(**kwargs)
         except openai.OpenAIError as exc:

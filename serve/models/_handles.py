@@ -96,21 +96,11 @@ class HandleModelClient:
         return True
 
     def _body(self, request: ChatRequest) -> ChatCompletionRequest:
-        body: dict[str, Any] = {
-            "model": self._model,
-            "messages": [m.to_openai() for m in request.messages],
-            "temperature": (
-                self._temperature if request.temperature is None else request.temperature
-            ),
-            "max_tokens": request.max_tokens or self._max_tokens,
-        }
-        if request.tools:
-            body["tools"] = list(request.tools)
-        if request.response_schema is not None:
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": request.schema_name, "schema": request.response_schema},
-            }
+        body = request.to_openai(
+            self._model,
+            default_temperature=self._temperature,
+            default_max_tokens=self._max_tokens,
+        )
         try:
             return ChatCompletionRequest.model_validate(json.loads(json.dumps(body)))
         except ValueError as exc:
