@@ -44,7 +44,8 @@ from cortex_ray.storage import EmbeddedPostgres, migrate
 MB = 1 << 20
 
 # Tables equivalent to kb_source_versions / kb_sections / kb_passages / kb_postings
-# (migration 0004): the same columns, indexes and foreign keys (a postings row is checked
+# (migrations 0004, 0005): the same columns, indexes, foreign keys and postings partition (a
+# postings row is checked
 # against its passage, as in the store), ids assigned by the program so that postings can be
 # copied without a round trip. ``--no-foreign-keys`` leaves the foreign keys out.
 BASELINE_DDL = """
@@ -63,29 +64,32 @@ CREATE INDEX ON bench_ingest.sections USING hnsw (embedding halfvec_cosine_ops);
 CREATE TABLE bench_ingest.passages (
     org_id text NOT NULL, id bigint NOT NULL, source_id uuid NOT NULL, version integer NOT NULL,
     ordinal integer NOT NULL, section_ordinal integer NOT NULL, collection text NOT NULL,
+    collection_id bigint NOT NULL,
     text text NOT NULL, line_start integer NOT NULL, line_end integer NOT NULL,
     byte_start bigint NOT NULL, byte_end bigint NOT NULL, length integer NOT NULL,
     embedding halfvec(384),
-    PRIMARY KEY (org_id, id), UNIQUE (org_id, source_id, version, ordinal));
+    PRIMARY KEY (org_id, id), UNIQUE (org_id, source_id, version, ordinal),
+    UNIQUE (collection_id, id));
 CREATE INDEX ON bench_ingest.passages (org_id, source_id, version, section_ordinal);
 CREATE INDEX ON bench_ingest.passages USING hnsw (embedding halfvec_cosine_ops);
 CREATE INDEX ON bench_ingest.passages (org_id, collection, id) WHERE embedding IS NULL;
 CREATE TABLE bench_ingest.postings (
-    org_id text NOT NULL, passage_id bigint NOT NULL, term text NOT NULL,
-    collection text NOT NULL, tf integer NOT NULL, impact real NOT NULL,
-    PRIMARY KEY (org_id, passage_id, term));
-CREATE INDEX ON bench_ingest.postings (org_id, collection, term, impact DESC)
-    INCLUDE (passage_id);
+    org_id text NOT NULL, collection_id bigint NOT NULL, passage_id bigint NOT NULL,
+    term text NOT NULL, tf integer NOT NULL, impact real NOT NULL,
+    PRIMARY KEY (collection_id, passage_id, term)) PARTITION BY LIST (collection_id);
+CREATE INDEX ON bench_ingest.postings (collection_id, term, impact DESC) INCLUDE (passage_id);
+CREATE TABLE bench_ingest.postings_1 PARTITION OF bench_ingest.postings FOR VALUES IN (1);
 """
 FOREIGN_KEYS_DDL = """
 ALTER TABLE bench_ingest.sections ADD FOREIGN KEY (org_id, source_id, version)
     REFERENCES bench_ingest.versions ON DELETE CASCADE;
 ALTER TABLE bench_ingest.passages ADD FOREIGN KEY (org_id, source_id, version)
     REFERENCES bench_ingest.versions ON DELETE CASCADE;
-ALTER TABLE bench_ingest.postings ADD FOREIGN KEY (org_id, passage_id)
-    REFERENCES bench_ingest.passages (org_id, id) ON DELETE CASCADE;
+ALTER TABLE bench_ingest.postings ADD FOREIGN KEY (collection_id, passage_id)
+    REFERENCES bench_ingest.passages (collection_id, id) ON DELETE CASCADE;
 """
 AVGDL = 100.0  # what the store uses for a collection's first generation
+COLLECTION_ID = 1  # the baseline's one collection: its postings partition
 
 
 def baseline(dsn: str, root: Path, foreign_keys: bool = True) -> tuple[float, int, int]:
@@ -117,10 +121,11 @@ def baseline(dsn: str, root: Path, foreign_keys: bool = True) -> tuple[float, in
                     (
                         "passages",
                         "org_id, id, source_id, version, ordinal, section_ordinal, "
-                        "collection, text, line_start, line_end, byte_start, byte_end, length",
+                        "collection, collection_id, text, line_start, line_end, byte_start, "
+                        "byte_end, length",
                         passages,
                     ),
-                    ("postings", "org_id, passage_id, term, collection, tf, impact", postings),
+                    ("postings", "org_id, collection_id, passage_id, term, tf, impact", postings),
                 ):
                     with cur.copy(f"COPY bench_ingest.{table} ({columns}) FROM STDIN") as copy:
                         for row in rows:
@@ -156,6 +161,7 @@ def baseline(dsn: str, root: Path, foreign_keys: bool = True) -> tuple[float, in
                             r.ordinal,
                             r.section_ordinal,
                             collection,
+                            COLLECTION_ID,
                             text,
                             span.line_start,
                             span.line_end,
@@ -165,7 +171,7 @@ def baseline(dsn: str, root: Path, foreign_keys: bool = True) -> tuple[float, in
                         )
                     )
                     postings.extend(
-                        (org, next_id, term, collection, n, tf_factor(n, length, AVGDL))
+                        (org, COLLECTION_ID, next_id, term, n, tf_factor(n, length, AVGDL))
                         for term, n in tf.items()
                     )
                     total_passages += 1

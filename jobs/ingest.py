@@ -38,7 +38,13 @@ from cortex_ray.knowledge._split import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_PASS
 from cortex_ray.knowledge._types import Generation
 from cortex_ray.knowledge._writer import KnowledgeWriter
 from cortex_ray.storage import EmbeddedPostgres, migrate
-from jobs._pipeline import IngestOptions, SectionWriter, SourceFilesDatasource, plan_units
+from jobs._pipeline import (
+    IngestOptions,
+    SectionWriter,
+    SourceFilesDatasource,
+    plan_units,
+    unit_size,
+)
 
 __all__ = ["IngestReport", "Progress", "main", "run_ingest"]
 
@@ -120,7 +126,7 @@ def run_ingest(
     on_progress: Callable[[Progress], None] | None = None,
     max_passage_bytes: int = DEFAULT_MAX_PASSAGE_BYTES,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-    unit_bytes: int = 8 << 20,
+    unit_bytes: int | None = None,
     show_ray_progress: bool = False,
 ) -> IngestReport:
     """Ingest ``paths`` into ``org``/``collection`` on the Ray that is initialised (or a
@@ -155,6 +161,9 @@ def run_ingest(
             max_line_bytes=max_line_bytes,
         )
         _configure_ray_data(show_ray_progress)
+        if unit_bytes is None:
+            cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
+            unit_bytes = unit_size(progress.total_bytes, cpus)
         units = plan_units(files, unit_bytes=unit_bytes)
         # One block stream per unit: without the override Ray Data would split each read
         # task's output to reach its default parallelism (pointless for these small rows).

@@ -422,3 +422,20 @@ def test_a_retried_read_task_writes_nothing_twice(db: Database, org: str, tmp_pa
         "corpus/notes.txt": "READ_OK",
         "corpus/sub/ref.rst": "READ_OK",
     }
+
+
+def test_units_group_small_files_stream_big_ones_alone_and_fit_the_cluster() -> None:
+    from cortex_ray.knowledge._read import ListedFile
+    from jobs._pipeline import plan_units, unit_size
+
+    mib = 1 << 20
+    files = [ListedFile(f"/c/{i}", f"c/{i}", mib // 4) for i in range(10)]
+    files.append(ListedFile("/c/big", "c/big", 5 * mib))
+    units = plan_units(files, unit_bytes=mib, unit_files=3)
+    assert units[0] == [files[-1]]  # the big file alone, first
+    assert [len(u) for u in units[1:]] == [3, 3, 3, 1]  # in listing order, ≤ 3 files each
+    assert sorted(f.key for u in units for f in u) == sorted(f.key for f in files)
+    # About four units per CPU, within [1 MiB, 8 MiB].
+    assert unit_size(40 * mib, 2) == 5 * mib
+    assert unit_size(40 * mib, 64) == mib
+    assert unit_size(10_000 * mib, 2) == 8 * mib

@@ -31,6 +31,7 @@ class Publication:
     """The generations a search reads, resolved once at its start."""
 
     generations: dict[str, int]  # collection → generation
+    collection_ids: dict[str, int]  # collection → its id (the postings partition key)
     passages: int
     total_length: int
 
@@ -75,14 +76,15 @@ def fuse(
 
 
 _PUBLICATIONS_SQL = """
-SELECT c.name, c.published_generation AS generation, g.passages, g.total_length
+SELECT c.name, c.id, c.published_generation AS generation, g.passages, g.total_length
 FROM kb_collections c
 JOIN kb_generations g ON g.org_id = c.org_id AND g.id = c.published_generation
 WHERE c.org_id = %(org)s AND (%(names)s::text[] IS NULL OR c.name = ANY(%(names)s::text[]))
 """
 
 # Impact-ordered candidates, then an exact rescore. Each query term reads at most
-# ``per_term`` postings per collection from the (collection, term, impact DESC) index
+# ``per_term`` postings per collection from the (collection_id, term, impact DESC) index of
+# the collection's partition
 # (NULL: all of them, which makes the result exact); the best ``pool`` by
 # Σ idf · impact are checked against the publication and rescored with its statistics.
 # MATERIALIZED and ``= ANY(ARRAY(...))`` keep the planner from joining all postings.
@@ -97,10 +99,10 @@ WITH q AS MATERIALIZED (
 ),
 top AS MATERIALIZED (
     SELECT c.passage_id, sum(q.idf * c.impact) AS approx
-    FROM q CROSS JOIN unnest(%(cols)s::text[]) AS col(name)
+    FROM q CROSS JOIN unnest(%(cids)s::bigint[]) AS col(id)
     CROSS JOIN LATERAL (
         SELECT po.passage_id, po.impact FROM kb_postings po
-        WHERE po.org_id = %(org)s AND po.collection = col.name AND po.term = q.term
+        WHERE po.collection_id = col.id AND po.term = q.term
         ORDER BY po.impact DESC
         LIMIT %(per_term)s
     ) c
@@ -109,7 +111,7 @@ top AS MATERIALIZED (
     LIMIT %(pool)s
 ),
 live AS MATERIALIZED (
-    SELECT p.id, p.length FROM kb_passages p
+    SELECT p.id, p.length, p.collection_id FROM kb_passages p
     WHERE p.org_id = %(org)s AND p.id = ANY(ARRAY(SELECT passage_id FROM top))
       AND EXISTS (
           SELECT 1 FROM kb_generation_sources m
@@ -120,7 +122,7 @@ SELECT l.id, sum(
     q.idf * po.tf / (po.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * l.length / %(avgdl)s))
 ) AS score
 FROM live l
-JOIN kb_postings po ON po.org_id = %(org)s AND po.passage_id = l.id
+JOIN kb_postings po ON po.collection_id = l.collection_id AND po.passage_id = l.id
                    AND po.term = ANY(%(terms)s::text[])
 JOIN q ON q.term = po.term
 GROUP BY l.id
@@ -261,6 +263,7 @@ class KnowledgeService:
             rows = await cur.fetchall()
         return Publication(
             generations={r["name"]: r["generation"] for r in rows},
+            collection_ids={r["name"]: r["id"] for r in rows},
             passages=sum(int(r["passages"] or 0) for r in rows),
             total_length=sum(int(r["total_length"] or 0) for r in rows),
         )
@@ -280,7 +283,7 @@ class KnowledgeService:
             "n": pub.passages,
             "avgdl": pub.avgdl,
             "gens": list(pub.generations.values()),
-            "cols": list(pub.generations),
+            "cids": [pub.collection_ids[name] for name in pub.generations],
             "terms": list(terms),
             # The budget is per term across the searched collections (each has its own
             # index range), with a floor so a small collection is never starved.

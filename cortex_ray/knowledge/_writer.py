@@ -23,6 +23,7 @@ The publication protocol (docs/knowledge.md):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 import psycopg
 from numpy.typing import NDArray
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from cortex_ray._exceptions import InvalidRequestError, NotFoundError, StorageError
@@ -90,10 +92,26 @@ def _clean(text: str) -> str:
 
 
 _PASSAGES_COPY = (
-    "COPY kb_passages (org_id, id, source_id, version, collection, ordinal, section_ordinal, "
-    "text, line_start, line_end, byte_start, byte_end, length) FROM STDIN"
+    "COPY kb_passages (org_id, id, source_id, version, collection, collection_id, ordinal, "
+    "section_ordinal, text, line_start, line_end, byte_start, byte_end, length) FROM STDIN"
 )
-_POSTINGS_COPY = "COPY kb_postings (org_id, passage_id, term, collection, tf, impact) FROM STDIN"
+
+
+def partition_name(collection_id: int) -> str:
+    """The ``kb_postings`` partition of a collection (migration 0005)."""
+    return f"kb_postings_{int(collection_id)}"
+
+
+def stage_name(collection_id: int) -> str:
+    """The staging table of a collection that has no partition yet: no indexes, no foreign
+    key; the first publish attaches it as the partition (``KnowledgeWriter.publish``)."""
+    return f"kb_postings_stage_{int(collection_id)}"
+
+
+def _postings_copy(table: str) -> sql.Composed:
+    return sql.SQL(
+        "COPY {} (org_id, collection_id, passage_id, term, tf, impact) FROM STDIN"
+    ).format(sql.Identifier(table))
 
 
 @dataclass
@@ -111,6 +129,8 @@ class PreparedDocuments:
     counts: dict[tuple[uuid.UUID, int], Counter[str]]
     avgdl: float
     health: list[HealthRecord]
+    collection_id: int = 0
+    postings_table: str = "kb_postings"  # or the collection's stage (see ``stage_name``)
     passages_copy: str = ""
     postings_copy: str = ""
 
@@ -125,6 +145,7 @@ def _copy_texts(prepared: PreparedDocuments, ids: Sequence[int]) -> tuple[str, s
     gen = prepared.generation
     org = _copy_escape(gen.org_id)
     col = _copy_escape(gen.collection)
+    cid = prepared.collection_id
     passages: list[str] = []
     postings: list[str] = []
     for pid, source, p, text, length in zip(
@@ -132,14 +153,13 @@ def _copy_texts(prepared: PreparedDocuments, ids: Sequence[int]) -> tuple[str, s
     ):
         span = p.span
         passages.append(
-            f"{org}\t{pid}\t{source.source_id}\t{source.version}\t{col}\t{p.ordinal}\t"
+            f"{org}\t{pid}\t{source.source_id}\t{source.version}\t{col}\t{cid}\t{p.ordinal}\t"
             f"{p.section_ordinal}\t{_copy_escape(text)}\t{span.line_start}\t{span.line_end}\t"
             f"{span.byte_start}\t{span.byte_end}\t{length}\n"
         )
         postings.extend(
             _posting_lines(
-                f"{org}\t{pid}\t",
-                f"\t{col}\t",
+                f"{org}\t{cid}\t{pid}\t",
                 prepared.counts[(source.source_id, p.ordinal)],
                 length_norm(length, prepared.avgdl),
             )
@@ -147,11 +167,11 @@ def _copy_texts(prepared: PreparedDocuments, ids: Sequence[int]) -> tuple[str, s
     return "".join(passages), "".join(postings)
 
 
-def _posting_lines(head: str, col: str, counts: Counter[str], norm: float) -> Iterator[str]:
-    """COPY lines of one passage's postings: ``head`` is ``org\\tpassage_id\\t``, ``col`` is
-    ``\\tcollection\\t`` (both escaped), ``norm`` the passage's BM25 length normalisation.
-    Terms are ``\\w+`` and numbers need no escaping."""
-    return (f"{head}{term}{col}{tf}\t{tf / (tf + norm)!r}\n" for term, tf in counts.items())
+def _posting_lines(head: str, counts: Counter[str], norm: float) -> Iterator[str]:
+    """COPY lines of one passage's postings: ``head`` is ``org\\tcollection_id\\tpassage_id\\t``
+    (the organisation escaped), ``norm`` the passage's BM25 length normalisation. Terms are
+    ``\\w+`` and numbers need no escaping."""
+    return (f"{head}{term}\t{tf}\t{tf / (tf + norm)!r}\n" for term, tf in counts.items())
 
 
 class KnowledgeWriter:
@@ -165,6 +185,8 @@ class KnowledgeWriter:
         self._seen: dict[tuple[str, str], list[int]] = {}  # [passages, total length]
         self._ensured: set[tuple[str, str]] = set()  # collections known to exist
         self._passage_ids: str | None = None  # the sequence of kb_passages.id
+        self._collection_ids: dict[tuple[str, str], int] = {}
+        self._postings_tables: dict[int, str] = {}  # generation → where its postings go
 
     # -- connection --------------------------------------------------------------------
 
@@ -237,6 +259,50 @@ class KnowledgeWriter:
             known = Generation(org_id=row["org_id"], collection=row["collection"], id=generation)
             self._generations[generation] = known
         return known
+
+    def _collection_id(self, org_id: str, collection: str) -> int:
+        key = (org_id, collection)
+        cid = self._collection_ids.get(key)
+        if cid is None:
+            row = self._one("SELECT id FROM kb_collections WHERE org_id = %s AND name = %s", key)
+            if row is None:
+                raise NotFoundError(f"no collection {collection!r} in {org_id}")
+            cid = self._collection_ids[key] = int(row["id"])
+        return cid
+
+    def _postings_table(self, gen: Generation) -> str:
+        """Where this writer COPYs the generation's postings, decided at its first write: the
+        partitioned ``kb_postings`` when the collection has its partition (each posting then
+        updates two indexes and is checked against its passage), otherwise the collection's
+        stage, a table without indexes or foreign key that publishing attaches as the
+        partition (the indexes then built by sorting, the key checked by one join)."""
+        table = self._postings_tables.get(gen.id)
+        if table is None:
+            cid = self._collection_id(gen.org_id, gen.collection)
+            row = self._one(
+                "SELECT to_regclass(%s) IS NOT NULL AS attached", (partition_name(cid),)
+            )
+            if row is not None and row["attached"]:
+                table = "kb_postings"
+            else:
+                self._ensure_stage(self.conn, cid)
+                table = stage_name(cid)
+            self._postings_tables[gen.id] = table
+        return table
+
+    @staticmethod
+    def _ensure_stage(conn: SyncConn, cid: int) -> None:
+        # The CHECK lets ATTACH PARTITION skip its scan of the rows.
+        statement = sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (LIKE kb_postings INCLUDING DEFAULTS "
+            "INCLUDING CONSTRAINTS, CHECK (collection_id = {}))"
+        ).format(sql.Identifier(stage_name(cid)), sql.Literal(cid))
+        # Another writer may create it at the same moment (a savepoint when in a transaction).
+        with (
+            contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable),
+            conn.transaction(),
+        ):
+            conn.execute(statement)
 
     def _lock_building(self, conn: SyncConn, gen: Generation) -> None:
         # FOR SHARE: writers proceed together; publish (FOR UPDATE) waits for them.
@@ -690,6 +756,8 @@ class KnowledgeWriter:
             health=list(health),
         )
         if flat:
+            prepared.collection_id = self._collection_id(gen.org_id, gen.collection)
+            prepared.postings_table = self._postings_table(gen)
             ids = self._reserve_passage_ids(len(flat))
             prepared.passages_copy, prepared.postings_copy = _copy_texts(prepared, ids)
         return prepared
@@ -736,42 +804,26 @@ class KnowledgeWriter:
             if prepared.passages and fast:
                 with conn.cursor().copy(_PASSAGES_COPY) as copy:
                     copy.write(prepared.passages_copy)
-                with conn.cursor().copy(_POSTINGS_COPY) as copy:
+                with conn.cursor().copy(_postings_copy(prepared.postings_table)) as copy:
                     copy.write(prepared.postings_copy)
                 inserted = len(prepared.passages)
             elif prepared.passages:
-                inserted = self._insert_passages(
-                    conn,
-                    gen,
-                    prepared.owners,
-                    prepared.passages,
-                    prepared.texts,
-                    prepared.lengths,
-                    prepared.counts,
-                    prepared.avgdl,
-                )
+                inserted = self._insert_passages(conn, prepared)
             if prepared.health:
                 self._record_events(conn, gen.org_id, gen.collection, prepared.health)
         return inserted
 
     @staticmethod
-    def _insert_passages(
-        conn: SyncConn,
-        gen: Generation,
-        owners: list[SourceVersion],
-        passages: list[SplitPassage],
-        texts: list[str],
-        lengths: list[int],
-        counts: dict[tuple[uuid.UUID, int], Counter[str]],
-        avgdl: float,
-    ) -> int:
+    def _insert_passages(conn: SyncConn, prepared: PreparedDocuments) -> int:
         # Postings go only to the passages this statement inserted (a retry inserts none).
+        gen, owners, passages = prepared.generation, prepared.owners, prepared.passages
         inserted = conn.execute(
             """
-            INSERT INTO kb_passages (org_id, source_id, version, collection, ordinal,
-                section_ordinal, text, line_start, line_end, byte_start, byte_end, length)
-            SELECT %(org)s, t.src, t.ver, %(col)s, t.ordinal, t.section, t.text, t.ls, t.le,
-                   t.bs, t.be, t.length
+            INSERT INTO kb_passages (org_id, source_id, version, collection, collection_id,
+                ordinal, section_ordinal, text, line_start, line_end, byte_start, byte_end,
+                length)
+            SELECT %(org)s, t.src, t.ver, %(col)s, %(cid)s, t.ordinal, t.section, t.text, t.ls,
+                   t.le, t.bs, t.be, t.length
             FROM unnest(%(src)s::uuid[], %(ver)s::int[], %(ordinal)s::int[], %(section)s::int[],
                         %(text)s::text[], %(ls)s::int[], %(le)s::int[], %(bs)s::bigint[],
                         %(be)s::bigint[], %(length)s::int[])
@@ -782,33 +834,32 @@ class KnowledgeWriter:
             {
                 "org": gen.org_id,
                 "col": gen.collection,
+                "cid": prepared.collection_id,
                 "src": [s.source_id for s in owners],
                 "ver": [s.version for s in owners],
                 "ordinal": [p.ordinal for p in passages],
                 "section": [p.section_ordinal for p in passages],
-                "text": texts,
+                "text": prepared.texts,
                 "ls": [p.span.line_start for p in passages],
                 "le": [p.span.line_end for p in passages],
                 "bs": [p.span.byte_start for p in passages],
                 "be": [p.span.byte_end for p in passages],
-                "length": lengths,
+                "length": prepared.lengths,
             },
         ).fetchall()
         if inserted:
             # The COPY text is built here rather than row by row with ``write_row`` (~5 µs a
             # row, ~70 rows a passage): terms are ``\w+`` (no tab, newline or backslash)
             # and ints and floats need no escaping; only the names are escaped.
-            head = f"{_copy_escape(gen.org_id)}\t"
-            col = f"\t{_copy_escape(gen.collection)}\t"
-            with conn.cursor().copy(_POSTINGS_COPY) as copy:
+            head = f"{_copy_escape(gen.org_id)}\t{prepared.collection_id}\t"
+            with conn.cursor().copy(_postings_copy(prepared.postings_table)) as copy:
                 lines: list[str] = []
                 for row in inserted:
                     lines.extend(
                         _posting_lines(
                             f"{head}{row['id']}\t",
-                            col,
-                            counts[(row["source_id"], row["ordinal"])],
-                            length_norm(row["length"], avgdl),
+                            prepared.counts[(row["source_id"], row["ordinal"])],
+                            length_norm(row["length"], prepared.avgdl),
                         )
                     )
                     if len(lines) >= 20_000:
@@ -865,6 +916,8 @@ class KnowledgeWriter:
         """
         gen = self._generation(generation)
         started = time.perf_counter()
+        cid = self._collection_id(gen.org_id, gen.collection)
+        self._merge_stage(gen.org_id, gen.collection, cid)
         with self.conn.transaction():
             conn = self.conn
             coll = conn.execute(
@@ -898,7 +951,7 @@ class KnowledgeWriter:
                 raise InvalidRequestError(
                     f"a newer generation ({previous}) of {gen.collection!r} is already published"
                 )
-            params = {"org": gen.org_id, "new": gen.id, "prev": previous}
+            params = {"org": gen.org_id, "new": gen.id, "prev": previous, "cid": cid}
             conn.execute(
                 "CREATE TEMP TABLE kb_delta (source_id uuid, version int, sign int) ON COMMIT DROP"
             )
@@ -928,6 +981,9 @@ class KnowledgeWriter:
                 """,
                 params,
             )
+            # Its size decides the plan below: an index probe per passage for a few, one hash
+            # join over the partition for a whole first load.
+            conn.execute("ANALYZE kb_delta_passages")
             totals = conn.execute(
                 """
                 SELECT coalesce(g.passages, 0) + coalesce(d.n, 0) AS passages,
@@ -946,7 +1002,7 @@ class KnowledgeWriter:
                      WHERE org_id = %(org)s AND generation = %(prev)s
                     UNION ALL
                     SELECT po.term, sum(d.sign)::int FROM kb_delta_passages d
-                    JOIN kb_postings po ON po.org_id = %(org)s AND po.passage_id = d.id
+                    JOIN kb_postings po ON po.collection_id = %(cid)s AND po.passage_id = d.id
                     GROUP BY po.term
                 ) s GROUP BY term HAVING sum(df) > 0
                 """,
@@ -997,6 +1053,61 @@ class KnowledgeWriter:
         log.info("published %s/%s generation %s: %s", gen.org_id, gen.collection, gen.id, report)
         return report
 
+    def _merge_stage(self, org_id: str, collection: str, cid: int) -> None:
+        """Move the collection's staged postings into its partition, in a transaction of
+        their own (they belong to unpublished versions, so searches do not see them either
+        way).
+
+        The first time, the stage *becomes* the partition: ``ATTACH PARTITION`` builds its
+        indexes by sorting and checks the foreign key with one join, about half the database
+        work of maintaining both per posting (docs/benchmarks.md). It holds a SHARE ROW
+        EXCLUSIVE lock on ``kb_passages`` until it commits, so other runs' passage writes
+        wait for it; searches do not. Later, whatever a run left in the stage (it began
+        before the partition existed) is inserted into the partition. An empty stage is
+        created again in the same transaction, so a writer that chose it keeps a table to
+        COPY into.
+        """
+        stage, part = stage_name(cid), partition_name(cid)
+        with self.conn.transaction():
+            conn = self.conn
+            # Publishes of one collection take turns (publish locks the same row).
+            conn.execute(
+                "SELECT 1 FROM kb_collections WHERE org_id = %s AND name = %s FOR UPDATE",
+                (org_id, collection),
+            )
+            row = conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL AS staged, "
+                "to_regclass(%s) IS NOT NULL AS attached",
+                (stage, part),
+            ).fetchone()
+            assert row is not None
+            if not row["staged"]:
+                return
+            # Waits for the writers COPYing into the stage to commit; new ones wait for us.
+            conn.execute(
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(stage))
+            )
+            if not row["attached"]:
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} RENAME TO {}").format(
+                        sql.Identifier(stage), sql.Identifier(part)
+                    )
+                )
+                conn.execute(
+                    sql.SQL(
+                        "ALTER TABLE kb_postings ATTACH PARTITION {} FOR VALUES IN ({})"
+                    ).format(sql.Identifier(part), sql.Literal(cid))
+                )
+                conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(part)))
+                self._ensure_stage(conn, cid)
+            else:
+                conn.execute(
+                    sql.SQL("INSERT INTO kb_postings SELECT * FROM {} ORDER BY term").format(
+                        sql.Identifier(stage)
+                    )
+                )
+                conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(stage)))
+
     def collect_garbage(self, org_id: str, collection: str) -> GarbageReport:
         """Delete retired and abandoned generations and the source versions no live one uses.
 
@@ -1041,6 +1152,18 @@ class KnowledgeWriter:
                 """,
                 params,
             ).rowcount
+            if versions:
+                # Their passages' postings went with them (the foreign key cascades), except
+                # those still in the stage, which has no foreign key.
+                stage = stage_name(self._collection_id(org_id, collection))
+                staged = conn.execute("SELECT to_regclass(%s) AS t", (stage,)).fetchone()
+                if staged is not None and staged["t"] is not None:
+                    conn.execute(
+                        sql.SQL(
+                            "DELETE FROM {} po WHERE NOT EXISTS (SELECT 1 FROM kb_passages p "
+                            "WHERE p.org_id = po.org_id AND p.id = po.passage_id)"
+                        ).format(sql.Identifier(stage))
+                    )
         return GarbageReport(generations=generations, source_versions=versions)
 
     # -- backfill (for jobs that embed with a remote model) ----------------------------
