@@ -12,7 +12,10 @@ BASELINE  the simplest program doing the same work in one process: for each file
           BM25 impacts) into tables equivalent to the store's (same columns, same indexes),
           committing every ~5,000 passages. No registry, no hashing, no health events.
           Its tables have the store's foreign keys too (each postings row is checked against
-          its passage): ``--no-foreign-keys`` measures it without them.
+          its passage): ``--no-foreign-keys`` measures it without them. It writes into
+          indexed tables, as the simplest program would; the job's first load of a
+          collection stages its postings and builds their indexes at publish
+          (docs/knowledge.md, "Bulk loads"), which is most of its lead.
 
 Runs: baseline, ours on 1 CPU, ours on 2 CPUs, baseline again (the machine may be shared:
 the two baseline runs show the drift). Targets: ours(1 CPU) ≥ 0.8× the baseline's MB/s,
@@ -44,10 +47,10 @@ from cortex_ray.storage import EmbeddedPostgres, migrate
 MB = 1 << 20
 
 # Tables equivalent to kb_source_versions / kb_sections / kb_passages / kb_postings
-# (migrations 0004, 0005): the same columns, indexes, foreign keys and postings partition (a
-# postings row is checked
-# against its passage, as in the store), ids assigned by the program so that postings can be
-# copied without a round trip. ``--no-foreign-keys`` leaves the foreign keys out.
+# (migrations 0004, 0005): the same columns, indexes and foreign keys (a postings row is
+# checked against its passage, as in the store), postings partitioned by collection (one
+# partition here, COPYed through the parent), ids assigned by the program so that postings
+# can be copied without a round trip. ``--no-foreign-keys`` leaves the foreign keys out.
 BASELINE_DDL = """
 DROP SCHEMA IF EXISTS bench_ingest CASCADE;
 CREATE SCHEMA bench_ingest;

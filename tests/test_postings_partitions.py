@@ -223,6 +223,12 @@ async def test_the_migration_moves_postings_into_partitions_and_back(db: Databas
                 "SELECT id, collection_id FROM kb_passages ORDER BY id"
             ).fetchall()
             assert passages == [(1, ids["docs"]), (2, ids["wiki"])]
+            # The rewrite that filled collection_id rebuilt the passages' indexes, HNSW too.
+            hnsw = conn.execute(
+                "SELECT am.amname FROM pg_class i JOIN pg_am am ON am.oid = i.relam "
+                "WHERE i.relname = 'kb_passages_embedding'"
+            ).fetchone()
+            assert hnsw == ("hnsw",)
             # Deleting a passage cascades to its postings in its partition.
             conn.execute("DELETE FROM kb_passages WHERE id = 2")
             assert conn.execute("SELECT count(*) FROM kb_postings").fetchone() == (2,)
