@@ -6,11 +6,14 @@ isolation the product guarantees between tenants) and nothing needs truncating.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
@@ -99,3 +102,26 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     import logging
 
     logging.raiseExceptions = False
+
+
+@pytest.fixture
+def scratch_database(
+    db: Database,
+) -> Callable[[str], AbstractAsyncContextManager[str]]:
+    """``async with scratch_database("prefix") as dsn``: an empty database on the test
+    server (no schema), dropped afterwards."""
+
+    @contextlib.asynccontextmanager
+    async def scratch(prefix: str) -> AsyncIterator[str]:
+        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        async with db.connection() as conn:
+            await conn.execute(f"CREATE DATABASE {name}")
+        try:
+            dsn = re.sub(r"/postgres\?", f"/{name}?", db.dsn, count=1)
+            assert dsn != db.dsn
+            yield dsn
+        finally:
+            async with db.connection() as conn:
+                await conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+    return scratch

@@ -6,8 +6,6 @@ existing postings both ways. On the real embedded PostgreSQL."""
 from __future__ import annotations
 
 import hashlib
-import re
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +17,7 @@ from cortex_ray.knowledge import KnowledgeService, KnowledgeWriter
 from cortex_ray.knowledge._writer import partition_name, stage_name
 from cortex_ray.models import HashEmbedder
 from cortex_ray.storage import Database
+from cortex_ray.storage._database import _alembic
 
 ALPHA = b"# Alpha\n\nThe alpha reactor hums quietly.\n\nIts coolant is heavy water.\n"
 BETA = b"# Beta\n\nThe beta telescope watches quasars.\n"
@@ -159,26 +158,6 @@ async def test_garbage_collection_cleans_staged_postings_of_deleted_passages(db,
     assert orphans == 0
 
 
-def _alembic(dsn: str, action: str, revision: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-    from sqlalchemy import create_engine
-    from sqlalchemy.pool import NullPool
-
-    from cortex_ray.storage._database import _MIGRATIONS, _sqlalchemy_url
-
-    config = Config()
-    config.set_main_option("script_location", str(_MIGRATIONS))
-    engine = create_engine(_sqlalchemy_url(dsn), poolclass=NullPool)
-    try:
-        with engine.connect() as connection:
-            config.attributes["connection"] = connection
-            getattr(command, action)(config, revision)
-            connection.commit()
-    finally:
-        engine.dispose()
-
-
 _V4_ROWS = """
 INSERT INTO organisations (id) VALUES ('acme');
 INSERT INTO kb_collections (org_id, name) VALUES ('acme', 'docs'), ('acme', 'wiki');
@@ -201,13 +180,8 @@ VALUES ('acme', 1, 'red', 'docs', 1, 0.5), ('acme', 1, 'fox', 'docs', 1, 0.5),
 """
 
 
-async def test_the_migration_moves_postings_into_partitions_and_back(db: Database) -> None:
-    name = f"postings_{uuid.uuid4().hex[:8]}"
-    async with db.connection() as conn:
-        await conn.execute(f"CREATE DATABASE {name}")
-    try:
-        dsn = re.sub(r"/postgres\?", f"/{name}?", db.dsn, count=1)
-        assert dsn != db.dsn
+async def test_the_migration_moves_postings_into_partitions_and_back(scratch_database) -> None:
+    async with scratch_database("postings") as dsn:
         _alembic(dsn, "upgrade", "0004")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(_V4_ROWS)
@@ -239,6 +213,3 @@ async def test_the_migration_moves_postings_into_partitions_and_back(db: Databas
             ).fetchall()
             assert got == [(1, "fox", "docs"), (1, "red", "docs")]
         _alembic(dsn, "upgrade", "head")
-    finally:
-        async with db.connection() as conn:
-            await conn.execute(f"DROP DATABASE {name} WITH (FORCE)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 import uuid
@@ -54,17 +53,14 @@ async def test_a_configured_dsn_is_used_instead_of_starting_a_server(
         shutil.rmtree(other_dir, ignore_errors=True)
 
 
-async def test_without_migrations_the_schema_version_is_checked(db: Database) -> None:
+async def test_without_migrations_the_schema_version_is_checked(
+    db: Database, scratch_database
+) -> None:
     assert shipped_head() == schema_head()  # the cheap reading agrees with Alembic's
     checked = await Database.open(Settings(database_url=db.dsn, migrate=False))
     await checked.close()
 
-    name = f"unmigrated_{uuid.uuid4().hex[:8]}"
-    async with db.connection() as conn:
-        await conn.execute(f"CREATE DATABASE {name}")
-    try:
-        bare = re.sub(r"/postgres\?", f"/{name}?", db.dsn, count=1)
-        assert bare != db.dsn
+    async with scratch_database("unmigrated") as bare:
         with pytest.raises(
             StorageError, match=f"schema is at nothing, this code needs {schema_head()}"
         ):
@@ -72,9 +68,6 @@ async def test_without_migrations_the_schema_version_is_checked(db: Database) ->
         async with await psycopg.AsyncConnection.connect(bare, autocommit=True) as conn:
             cur = await conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
             assert (await cur.fetchone()) == (0,)  # nothing was created
-    finally:
-        async with db.connection() as conn:
-            await conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 async def test_an_unreachable_database_is_a_clear_storage_error() -> None:
@@ -116,7 +109,6 @@ def test_default_data_dir_keeps_root_out_of_home() -> None:
 async def test_api_keys_are_hashed_resolve_to_their_principal_and_can_be_revoked(
     db: Database,
 ) -> None:
-    import uuid
 
     from cortex_ray import Grant, NotFoundError, Principal
     from cortex_ray.storage import Store

@@ -110,6 +110,12 @@ async def _check_schema(dsn: str) -> None:
 
 def migrate(dsn: str) -> None:
     """Bring the schema to the newest version with Alembic (blocking; safe to run concurrently)."""
+    _alembic(dsn, "upgrade", "head")
+
+
+def _alembic(dsn: str, action: str, revision: str) -> None:
+    """Run Alembic's ``upgrade`` or ``downgrade`` to ``revision`` on ``dsn`` (tests use the
+    downgrade to check a migration both ways)."""
     from alembic import command
     from alembic.config import Config
     from sqlalchemy import create_engine
@@ -121,7 +127,7 @@ def migrate(dsn: str) -> None:
     try:
         with engine.connect() as connection:
             config.attributes["connection"] = connection
-            command.upgrade(config, "head")
+            getattr(command, action)(config, revision)
             connection.commit()
     finally:
         engine.dispose()
