@@ -19,8 +19,8 @@ docs/knowledge.md.
 
 Upgrading a big store takes a while: every passage row is rewritten once (for its
 ``collection_id``), the passages' HNSW index is rebuilt, and every posting is copied into its
-collection's partition, whose indexes are then built by sorting (docs/operations.md has the
-measured time at 1M passages).
+collection's partition, whose indexes are then built by sorting (docs/operations.md: what
+was measured at 1M passages, and what was not).
 
 Revision ID: 0005
 Revises: 0004
