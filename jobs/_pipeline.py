@@ -131,6 +131,10 @@ class _FileOutcome:
     reason: str = ""
     sections: int = 0
     passages: int = 0
+    # A read failure that should leave the published version serving (not a duplicate path);
+    # ``source`` is the version registered for it when it failed while being split.
+    keep_published: bool = False
+    source: SourceVersion | None = None
 
     def health(self) -> tuple[HealthEvent, str] | None:
         """The file's health event, or None when it is not a source (unsupported type)."""
@@ -153,6 +157,8 @@ class _Batch:
     documents: list[Document] = field(default_factory=list)
     health: list[HealthRecord] = field(default_factory=list)
     files: list[dict[str, Any]] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)  # paths whose read failed
+    partial: list[SourceVersion] = field(default_factory=list)  # versions that failed mid-split
     records: int = 0
 
     def add_document(
@@ -165,6 +171,10 @@ class _Batch:
         health = outcome.health()
         if health is not None:
             self.health.append((f.key, *health))
+        if outcome.keep_published:
+            self.unread.append(f.key)
+            if outcome.source is not None:
+                self.partial.append(outcome.source)
         self.files.append(
             {
                 "kind": "file",
@@ -182,9 +192,16 @@ class _Batch:
     def flush(self) -> None:
         if self.documents or self.health:
             self.writer.write_documents(self.options.generation, self.documents, self.health)
+        kept: dict[str, int] = {}
+        if self.unread:
+            # After the documents: a big file's earlier batches made its version a member.
+            kept = self.writer.keep_published(self.options.generation, self.unread, self.partial)
         for row in self.files:
+            if row["key"] in kept:
+                row["version"] = kept[row["key"]]  # the published version still served
             self.rows.add(**row)
         self.documents, self.health, self.files, self.records = [], [], [], 0
+        self.unread, self.partial = [], []
 
 
 @dataclass
@@ -269,7 +286,9 @@ def ingest_unit(files: Sequence[ListedFile], options: IngestOptions) -> Iterator
         outcomes: dict[int, _FileOutcome] = {}
         for i, (f, scan) in enumerate(scans):
             if scan.skip is not None and scan.skip.is_read_failure:
-                outcomes[i] = _FileOutcome("failed", f"{scan.skip.value}: {scan.detail}")
+                outcomes[i] = _FileOutcome(
+                    "failed", f"{scan.skip.value}: {scan.detail}", keep_published=True
+                )
             elif scan.skip is not None:
                 outcomes[i] = _FileOutcome("skipped", scan.skip.value)
             elif f.key in checked:
@@ -330,10 +349,14 @@ def _split_file(
                 yield rows.take()
         doc.add(splitter.finish())
     except (OSError, LineTooLongError) as exc:
-        return _FileOutcome("failed", f"{SkipReason.UNREADABLE.value}: {exc}")
+        return _FileOutcome(
+            "failed", f"{SkipReason.UNREADABLE.value}: {exc}", keep_published=True, source=source
+        )
     if digest.hexdigest() != scan.sha256:
         # What was split is not the content registered under this version.
-        return _FileOutcome("failed", "changed while being read")
+        return _FileOutcome(
+            "failed", "changed while being read", keep_published=True, source=source
+        )
     doc.finish(batch)
     return _FileOutcome("written", "", doc.n_sections, doc.n_passages)
 
@@ -374,6 +397,11 @@ class DryRunWriter:
         health: Sequence[HealthRecord] = (),
     ) -> int:
         return sum(len(passages) for _, _, passages in documents)
+
+    def keep_published(
+        self, generation: Generation, paths: Sequence[str], failed: Sequence[SourceVersion] = ()
+    ) -> dict[str, int]:
+        return {}
 
 
 def plan_units(

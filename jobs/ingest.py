@@ -79,6 +79,7 @@ class IngestReport:
     unchanged: int = 0  # same content hash as the published version: carried forward
     skipped: dict[str, int] = field(default_factory=dict)  # by reason (not sources, bad input)
     failed: int = 0  # read failures (health READ_FAILURE)
+    kept: int = 0  # of those, files whose published version stays served
     sections: int = 0
     passages: int = 0
     bytes_read: int = 0  # size of the files split
@@ -232,8 +233,12 @@ def _count(
         skipped[row["reason"]] += 1
     else:
         report.failed += 1
+        reason = row["reason"]
+        if row["version"] is not None:
+            report.kept += 1
+            reason = f"{reason} (published version {row['version']} kept)"
         if len(report.failures) < 50:
-            report.failures.append((row["key"], row["reason"]))
+            report.failures.append((row["key"], reason))
 
 
 # command line ----------------------------------------------------------------------------

@@ -439,3 +439,145 @@ def test_units_group_small_files_stream_big_ones_alone_and_fit_the_cluster() -> 
     assert unit_size(40 * mib, 2) == 5 * mib
     assert unit_size(40 * mib, 64) == mib
     assert unit_size(10_000 * mib, 2) == 8 * mib
+
+
+def test_an_unreadable_file_keeps_its_published_version(
+    ray_cluster: object, db: Database, org: str, tmp_path: Path
+) -> None:
+    """A file that cannot be read this time is not a deleted file: the new publication still
+    serves its published version, the failure is recorded and reported."""
+    corpus = make_corpus(tmp_path)
+    first = run_ingest(org, "keep", [corpus], dsn=db.dsn, embed=False, max_line_bytes=4096)
+    guide = [p for p in published_passages(db.dsn, org, "keep") if p["path"].endswith("guide.md")]
+    assert guide
+
+    (corpus / "guide.md").unlink()
+    (corpus / "guide.md").symlink_to(tmp_path / "nowhere.md")  # listed, but cannot be opened
+    second = run_ingest(org, "keep", [corpus], dsn=db.dsn, embed=False, max_line_bytes=4096)
+    assert (second.failed, second.kept, second.read, second.unchanged) == (1, 1, 0, 4)
+    assert second.disappeared == []
+    [(path, reason)] = second.failures
+    assert path == "corpus/guide.md" and reason.startswith("unreadable: ")
+    assert reason.endswith("(published version 1 kept)")
+    assert second.published is not None
+    assert second.published["passages"] == first.published["passages"]  # type: ignore[index]
+    served = published_passages(db.dsn, org, "keep")
+    assert [p for p in served if p["path"].endswith("guide.md")] == guide
+    health = rows(
+        db.dsn,
+        "SELECT health FROM kb_sources WHERE org_id = %s AND collection = 'keep' AND path = %s",
+        org,
+        "corpus/guide.md",
+    )
+    assert health == [{"health": "READ_FAILURE"}]
+
+
+def test_a_file_that_fails_mid_split_leaves_no_partial_version(
+    db: Database, org: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big file whose content changes while it is split (after some of its batches were
+    written): the run serves its published version, and the version registered for it is
+    retired, so a later run with that content writes it whole instead of reusing the mixed
+    rows."""
+    import jobs._pipeline as pipeline
+    from cortex_ray.knowledge import KnowledgeWriter, SourceVersion
+    from cortex_ray.knowledge._read import list_files, read_chunks
+    from cortex_ray.knowledge._split import Format, SplitSection, split_bytes
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    big = corpus / "big.md"
+
+    def text(word: str) -> str:
+        para = f"A sentence about {word}. " * 30 + "\n\n"
+        return "".join(f"## Part {i}\n\n" + para * 150 for i in range(4))
+
+    def run(late_sections: bool = False) -> list[dict[str, Any]]:
+        with KnowledgeWriter(db.dsn) as writer:
+            gen = writer.begin_generation(org, "partial")
+            options = pipeline.IngestOptions(
+                dsn=db.dsn, generation=gen, embed=False, chunk_bytes=16 << 10, write_batch=100
+            )
+            out = pa.concat_tables(
+                list(pipeline.ingest_unit(list(list_files([corpus])), options))
+            ).to_pylist()
+            if late_sections:
+                # With --embed, a failed file's sections reach the section writer on their
+                # own schedule, possibly after the failure was handled; that write makes the
+                # failed version a member again, and publish must not serve it.
+                [v] = rows(
+                    db.dsn,
+                    "SELECT v.source_id, v.version FROM kb_source_versions v "
+                    "WHERE v.org_id = %s AND v.version = 2",
+                    org,
+                )
+                failed = SourceVersion(
+                    org_id=org,
+                    collection="partial",
+                    path="corpus/big.md",
+                    source_id=v["source_id"],
+                    version=2,
+                    unchanged=False,
+                )
+                section = next(
+                    r
+                    for r in split_bytes(text("pears").encode(), Format.MARKDOWN)
+                    if isinstance(r, SplitSection)
+                )
+                writer.write_sections(gen, failed, [section])
+            writer.mark_disappeared(gen, ["corpus/big.md"])
+            writer.publish(gen)
+        return out
+
+    def served() -> list[str]:
+        return [p["text"] for p in published_passages(db.dsn, org, "partial")]
+
+    import pyarrow as pa
+
+    big.write_text(text("apples"))
+    assert [r["status"] for r in run()] == ["written"]
+    apples = served()
+    assert len(apples) > 500
+
+    # The file now holds "pears", but what the split reads turns into "plums" half way.
+    big.write_text(text("pears"))
+    plums = text("plums").encode()
+
+    def changing(path: str | Path, chunk_bytes: int) -> Any:
+        for i, chunk in enumerate(read_chunks(path, chunk_bytes)):
+            yield chunk if i < 12 else plums[i * chunk_bytes : (i + 1) * chunk_bytes]
+
+    monkeypatch.setattr(pipeline, "read_chunks", changing)
+    [row] = [r for r in run(late_sections=True) if r["kind"] == "file"]
+    assert (row["status"], row["reason"], row["version"]) == (
+        "failed",
+        "changed while being read",
+        1,
+    )
+    assert served() == apples  # the published version, not the batches written before
+    retired = rows(
+        db.dsn,
+        "SELECT v.version, v.content_hash FROM kb_source_versions v JOIN kb_sources s "
+        "ON s.org_id = v.org_id AND s.id = v.source_id "
+        "WHERE v.org_id = %s AND s.collection = 'partial' ORDER BY v.version",
+        org,
+    )
+    assert [r["version"] for r in retired] == [1, 2]
+    assert ":failed:" in retired[1]["content_hash"]
+
+    # Read properly, "pears" is a new version written whole: every passage is its bytes.
+    monkeypatch.setattr(pipeline, "read_chunks", read_chunks)
+    [row] = [r for r in run() if r["kind"] == "file"]
+    assert row["status"] == "written"
+    published = rows(
+        db.dsn,
+        "SELECT m.version FROM kb_collections c JOIN kb_generation_sources m "
+        "ON m.org_id = c.org_id AND m.generation = c.published_generation "
+        "WHERE c.org_id = %s AND c.name = 'partial'",
+        org,
+    )
+    assert published == [{"version": 3}]
+    data = big.read_bytes()
+    stored = published_passages(db.dsn, org, "partial")
+    assert stored and all("pears" in p["text"] for p in stored)
+    assert all(data[p["byte_start"] : p["byte_end"]].decode() == p["text"] for p in stored)

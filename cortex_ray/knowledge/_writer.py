@@ -65,6 +65,11 @@ SyncConn = psycopg.Connection[dict[str, Any]]
 DIM = 384
 _DEFAULT_AVGDL = 100.0
 _HEALTH_EVENTS = ("READ_OK", "READ_FAILURE", "DISAPPEARED", "SKIPPED")
+# Appended (with a random suffix) to the content hash of a version retired by
+# ``keep_published``: the same content then registers as a fresh version, and publish never
+# serves the retired one.
+RETIRED_MARK = ":failed:"
+
 
 SourceFile = tuple[str, str, int]
 """What ``register_sources`` takes per file: ``(path, content hash, size in bytes)``."""
@@ -566,6 +571,105 @@ class KnowledgeWriter:
                 (list(published), list(published.values()), gen.org_id),
             )
 
+    def keep_published(
+        self,
+        generation: Generation | int,
+        paths: Sequence[str],
+        failed: Sequence[SourceVersion] = (),
+    ) -> dict[str, int]:
+        """After read failures: ``generation`` serves the published version of each of
+        ``paths`` (a file that could not be read this time is not a deleted file); returns
+        ``{path: version kept}`` for those that have one.
+
+        ``failed`` are versions registered for files that then failed while being split:
+        their members rows (a big file's earlier batches add one) leave ``generation``, and
+        each such version is retired (its content hash is tombstoned, so a later run with
+        the same content gets a fresh version instead of reusing partial, possibly mixed,
+        rows; ``collect_garbage`` removes it). A version that another generation also holds
+        (a concurrent run finished it) is left alone.
+        """
+        gen = self._generation(generation)
+        if not paths and not failed:
+            return {}
+        for source in failed:
+            self._check_source(gen, source)
+        with self.conn.transaction():
+            conn = self.conn
+            self._lock_building(conn, gen)
+            if failed:
+                ids = [s.source_id for s in failed]
+                versions = [s.version for s in failed]
+                conn.execute(
+                    """
+                    DELETE FROM kb_generation_sources m
+                    USING unnest(%s::uuid[], %s::int[]) AS t(source_id, version)
+                    WHERE m.org_id = %s AND m.generation = %s
+                      AND m.source_id = t.source_id AND m.version = t.version
+                    """,
+                    (ids, versions, gen.org_id, gen.id),
+                )
+                conn.execute(
+                    """
+                    UPDATE kb_source_versions v
+                    SET content_hash = v.content_hash || %s || gen_random_uuid()
+                    FROM unnest(%s::uuid[], %s::int[]) AS t(source_id, version)
+                    WHERE v.org_id = %s AND v.source_id = t.source_id AND v.version = t.version
+                      AND NOT EXISTS (
+                          SELECT 1 FROM kb_generation_sources m
+                          WHERE m.org_id = v.org_id AND m.source_id = v.source_id
+                            AND m.version = v.version)
+                    """,
+                    (RETIRED_MARK, ids, versions, gen.org_id),
+                )
+            wanted = sorted(set(paths) | {s.path for s in failed})
+            kept = {
+                r["path"]: (r["source_id"], int(r["version"]))
+                for r in conn.execute(
+                    """
+                    SELECT s.path, m.source_id, m.version FROM kb_collections c
+                    JOIN kb_generation_sources m
+                      ON m.org_id = c.org_id AND m.generation = c.published_generation
+                    JOIN kb_sources s ON s.org_id = m.org_id AND s.id = m.source_id
+                    WHERE c.org_id = %s AND c.name = %s AND s.path = ANY(%s::text[])
+                      AND NOT EXISTS (
+                          SELECT 1 FROM kb_generation_sources g
+                          WHERE g.org_id = m.org_id AND g.generation = %s
+                            AND g.source_id = m.source_id)
+                    """,
+                    (gen.org_id, gen.collection, wanted, gen.id),
+                ).fetchall()
+            }
+            self._include_many(conn, gen, dict(kept.values()), carried=True)
+        return {path: version for path, (_, version) in kept.items()}
+
+    @staticmethod
+    def _drop_retired(conn: SyncConn, gen: Generation, previous: int | None) -> None:
+        """At publish (no writer can still add to ``gen``): a retired version that a late
+        write made a member again (sections reach their embedder after the file failed) is
+        replaced by the published version, as ``keep_published`` did."""
+        dropped = [
+            r["source_id"]
+            for r in conn.execute(
+                """
+                DELETE FROM kb_generation_sources m USING kb_source_versions v
+                WHERE m.org_id = %s AND m.generation = %s
+                  AND v.org_id = m.org_id AND v.source_id = m.source_id
+                  AND v.version = m.version AND strpos(v.content_hash, %s) > 0
+                RETURNING m.source_id
+                """,
+                (gen.org_id, gen.id, RETIRED_MARK),
+            ).fetchall()
+        ]
+        if dropped and previous is not None:
+            conn.execute(
+                """
+                INSERT INTO kb_generation_sources (org_id, generation, source_id, version, carried)
+                SELECT org_id, %s, source_id, version, true FROM kb_generation_sources
+                WHERE org_id = %s AND generation = %s AND source_id = ANY(%s::uuid[])
+                """,
+                (gen.id, gen.org_id, previous, dropped),
+            )
+
     def _check_source(self, gen: Generation, source: SourceVersion) -> None:
         if (source.org_id, source.collection) != (gen.org_id, gen.collection):
             raise InvalidRequestError(
@@ -952,6 +1056,7 @@ class KnowledgeWriter:
                     f"a newer generation ({previous}) of {gen.collection!r} is already published"
                 )
             params = {"org": gen.org_id, "new": gen.id, "prev": previous, "cid": cid}
+            self._drop_retired(conn, gen, previous)
             conn.execute(
                 "CREATE TEMP TABLE kb_delta (source_id uuid, version int, sign int) ON COMMIT DROP"
             )
