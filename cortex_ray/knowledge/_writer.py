@@ -582,7 +582,7 @@ class KnowledgeWriter:
         ``{path: version kept}`` for those that have one.
 
         ``failed`` are versions registered for files that then failed while being split:
-        their members rows (a big file's earlier batches add one) leave ``generation``, and
+        their membership rows (a big file's earlier batches add one) leave ``generation``, and
         each such version is retired (its content hash is tombstoned, so a later run with
         the same content gets a fresh version instead of reusing partial, possibly mixed,
         rows; ``collect_garbage`` removes it). A version that another generation also holds
