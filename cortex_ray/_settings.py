@@ -49,6 +49,9 @@ class ApiOptions(BaseModel):
     max_ongoing_requests: int = Field(
         default=100, ge=1, description="concurrent requests per replica (SSE streams count)"
     )
+    readyz_timeout_s: float = Field(
+        default=5.0, gt=0, description="how long /readyz waits for the database to answer"
+    )
     num_cpus: float = Field(
         default=0.5,
         ge=0,
@@ -120,6 +123,12 @@ class SessionPolicy(BaseModel):
         default=5,
         ge=0,
         description="failed attempts in a row to drive a run before the run is failed",
+    )
+    executor: Literal["actors", "in_process"] = Field(
+        default="actors",
+        description="what drives runs and turns where the API runs on Ray: one session actor "
+        "per run or conversation (actors), or asyncio tasks of the API replica (in_process; "
+        "one replica only)",
     )
 
 
