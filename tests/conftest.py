@@ -23,8 +23,32 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from cortex_ray import Settings
-from cortex_ray.models import HashEmbedder, SentenceTransformerEmbedder
+from cortex_ray.models import (
+    HashEmbedder,
+    SentenceTransformerEmbedder,
+    override_allow_model_requests,
+)
 from cortex_ray.storage import Database, Store
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _block_remote_model_requests() -> Iterator[None]:
+    """No test reaches a model server off this machine unless it opts in.
+
+    Loopback servers (the packaged models on Ray Serve) stay reachable. Opt in with
+    ``@pytest.mark.allow_model_requests`` or ``override_allow_model_requests(True)``.
+    """
+    with override_allow_model_requests(False):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _allow_model_requests_marker(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker("allow_model_requests") is None:
+        yield
+        return
+    with override_allow_model_requests(True):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,12 @@
 """Model clients (chat completions) and embedders."""
 
+from cortex_ray.models._guard import (
+    check_model_request,
+    is_local_model_url,
+    model_requests_allowed,
+    override_allow_model_requests,
+    set_allow_model_requests,
+)
 from cortex_ray.models._protocol import (
     ChatMessage,
     ChatRequest,
@@ -31,6 +38,11 @@ __all__ = [
     "SentenceTransformerEmbedder",
     "ToolCall",
     "Usage",
+    "check_model_request",
+    "is_local_model_url",
+    "model_requests_allowed",
+    "override_allow_model_requests",
     "packaged_minilm_path",
+    "set_allow_model_requests",
     "structured_call",
 ]

@@ -8,6 +8,7 @@ import httpx2 as httpx
 import openai
 
 from cortex_ray._exceptions import ModelError
+from cortex_ray.models._guard import check_model_request
 from cortex_ray.models._protocol import ChatRequest, ChatResponse, ToolCall, Usage
 
 __all__ = ["OpenAICompatibleClient"]
@@ -55,6 +56,8 @@ class OpenAICompatibleClient:
             default_max_tokens=self._max_tokens,
             json_schema=self._supports_json_schema,
         )
+        # Before the SDK sees the request, so a blocked one never opens a connection.
+        check_model_request(str(self._client.base_url), model=self._model)
         try:
             completion = await self._client.chat.completions.create(**kwargs)
         except openai.OpenAIError as exc:

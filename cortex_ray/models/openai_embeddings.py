@@ -10,6 +10,7 @@ from numpy.typing import NDArray
 
 from cortex_ray._exceptions import ConfigurationError, ModelError
 from cortex_ray._settings import Settings
+from cortex_ray.models._guard import check_model_request
 
 __all__ = ["OpenAICompatibleEmbedder"]
 
@@ -64,6 +65,8 @@ class OpenAICompatibleEmbedder:
         return self._dim
 
     async def embed(self, texts: list[str]) -> NDArray[np.float32]:
+        # Before the SDK sees the request, so a blocked one never opens a connection.
+        check_model_request(str(self._client.base_url), model=self._model)
         out = np.zeros((len(texts), self._dim), dtype=np.float32)
         for start in range(0, len(texts), self._max_batch):
             chunk = texts[start : start + self._max_batch]
