@@ -67,6 +67,8 @@ async def test_autonomous_task_reaches_a_terminal_state(
         assert step.action.tool in agent.tools
     if run.status is RunStatus.COMPLETED:
         assert run.steps[-1].decision is DecisionKind.FINISH and run.result
+    else:
+        assert run.reason  # a failed run says why
     audit = await real_runtime.store.audit_rows(org, run_id=run.id)
     assert [a["step_index"] for a in audit] == [s.step_index for s in acts]
     async with db.transaction() as conn:

@@ -243,10 +243,15 @@ def test_the_vllm_backend_imports_ray_serve_llm_lazily() -> None:
     try:
         import vllm  # noqa: F401
     except ImportError:
-        with pytest.raises(ImportError):
+        # Without vLLM the error must say what to install, not fail somewhere deeper.
+        with pytest.raises(ImportError, match=r"pip install ray\[llm\]"):
             build_vllm_deployment(config)
     else:  # pragma: no cover - only where vLLM is installed
-        assert build_vllm_deployment(config) is not None
+        app = build_vllm_deployment(config)
+        # Serve's Application exposes its deployment only as _bound_deployment.
+        deployment = app._bound_deployment
+        assert deployment.name == LLM_NAME
+        assert deployment.init_kwargs["llm_config"].model_id == "m"
 
 
 async def test_gpu_embedder_on_cuda(serve_port: int, minilm: SentenceTransformerEmbedder) -> None:
