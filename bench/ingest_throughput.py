@@ -39,9 +39,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 
 from bench._scratch import scratch_data_dir
-from cortex_ray.knowledge._bm25 import term_counts, tf_factor
-from cortex_ray.knowledge._read import detect_format, list_files
-from cortex_ray.knowledge._split import SplitPassage, split_stream
+from cortex_ray.knowledge import (
+    SplitPassage,
+    detect_format,
+    list_files,
+    split_stream,
+    term_counts,
+    tf_factor,
+)
 from cortex_ray.storage import EmbeddedPostgres, migrate
 
 MB = 1 << 20

@@ -52,8 +52,8 @@ from cortex_ray.knowledge import (
     SplitPassage,
     query_terms,
     tokenize,
+    vector_literal,
 )
-from cortex_ray.knowledge._writer import vector_literal
 from cortex_ray.models import HashEmbedder
 from cortex_ray.storage import Database
 

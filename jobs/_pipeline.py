@@ -37,24 +37,27 @@ import pyarrow as pa
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from cortex_ray.knowledge._read import (
+from cortex_ray.knowledge import (
+    DEFAULT_MAX_LINE_BYTES,
+    DEFAULT_MAX_PASSAGE_BYTES,
+    Document,
+    Generation,
+    HealthEvent,
+    HealthRecord,
+    KnowledgeWriter,
+    LineTooLongError,
     ListedFile,
     ScanResult,
     SkipReason,
-    read_chunks,
-    scan_file,
-)
-from cortex_ray.knowledge._split import (
-    DEFAULT_MAX_LINE_BYTES,
-    DEFAULT_MAX_PASSAGE_BYTES,
-    LineTooLongError,
+    SourceFile,
+    SourceVersion,
     Span,
     SplitPassage,
     SplitSection,
     Splitter,
+    read_chunks,
+    scan_file,
 )
-from cortex_ray.knowledge._types import Generation, HealthEvent, SourceVersion
-from cortex_ray.knowledge._writer import Document, HealthRecord, KnowledgeWriter, SourceFile
 
 __all__ = [
     "ROW_SCHEMA",

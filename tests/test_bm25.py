@@ -17,10 +17,11 @@ from cortex_ray.knowledge import (
     KnowledgeService,
     KnowledgeWriter,
     RetrievalConfig,
+    idf,
     query_terms,
+    tf_factor,
     tokenize,
 )
-from cortex_ray.knowledge._bm25 import idf, tf_factor
 from cortex_ray.models import HashEmbedder
 from cortex_ray.storage import Database
 

@@ -370,8 +370,7 @@ def test_a_retried_read_task_writes_nothing_twice(db: Database, org: str, tmp_pa
     big file streams in several), and the retry adds no version, passage or posting."""
     import pyarrow as pa
 
-    from cortex_ray.knowledge import KnowledgeWriter
-    from cortex_ray.knowledge._read import list_files
+    from cortex_ray.knowledge import KnowledgeWriter, list_files
     from jobs._pipeline import IngestOptions, ingest_unit
 
     files = list(list_files([make_corpus(tmp_path)]))
@@ -425,7 +424,7 @@ def test_a_retried_read_task_writes_nothing_twice(db: Database, org: str, tmp_pa
 
 
 def test_units_group_small_files_stream_big_ones_alone_and_fit_the_cluster() -> None:
-    from cortex_ray.knowledge._read import ListedFile
+    from cortex_ray.knowledge import ListedFile
     from jobs._pipeline import plan_units, unit_size
 
     mib = 1 << 20
@@ -480,9 +479,15 @@ def test_a_file_that_fails_mid_split_leaves_no_partial_version(
     retired, so a later run with that content writes it whole instead of reusing the mixed
     rows."""
     import jobs._pipeline as pipeline
-    from cortex_ray.knowledge import KnowledgeWriter, SourceVersion
-    from cortex_ray.knowledge._read import list_files, read_chunks
-    from cortex_ray.knowledge._split import Format, SplitSection, split_bytes
+    from cortex_ray.knowledge import (
+        Format,
+        KnowledgeWriter,
+        SourceVersion,
+        SplitSection,
+        list_files,
+        read_chunks,
+        split_bytes,
+    )
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -33,8 +33,9 @@ from cortex_ray.knowledge import (
     SplitPassage,
     Tier,
     knowledge_search_tool,
+    term_counts,
+    vector_literal,
 )
-from cortex_ray.knowledge._bm25 import term_counts
 from cortex_ray.models import HashEmbedder, RerankHit
 from cortex_ray.storage import Database, Store
 
@@ -421,8 +422,7 @@ async def test_filtered_dense_search_does_not_lose_results(writer, db, org) -> N
 
     # Force the HNSW plan (at this size the planner may prefer an exact sort), then compare
     # with and without iterative scans: without them most of the 30 are lost.
-    from cortex_ray.knowledge._service import _PASSAGE_DENSE_SQL
-    from cortex_ray.knowledge._writer import vector_literal
+    from cortex_ray.knowledge._sql import PASSAGE_DENSE_SQL
 
     params = {
         "org": org,
@@ -437,9 +437,9 @@ async def test_filtered_dense_search_does_not_lose_results(writer, db, org) -> N
             await conn.execute("SET LOCAL enable_sort = off")
             await conn.execute("SET LOCAL hnsw.ef_search = 40")
             await conn.execute(f"SET LOCAL hnsw.iterative_scan = {mode}")
-            plan = await conn.execute("EXPLAIN " + _PASSAGE_DENSE_SQL, params)
+            plan = await conn.execute("EXPLAIN " + PASSAGE_DENSE_SQL, params)
             assert "kb_passages_embedding" in str(await plan.fetchall())
-            cur = await conn.execute(_PASSAGE_DENSE_SQL, params)
+            cur = await conn.execute(PASSAGE_DENSE_SQL, params)
             counts[mode] = len(await cur.fetchall())
     assert counts["relaxed_order"] == 30 and counts["off"] < 10
 

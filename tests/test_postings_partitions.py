@@ -14,7 +14,7 @@ import pytest
 from knowledge_fixtures import ingest, split_markdown
 
 from cortex_ray.knowledge import KnowledgeService, KnowledgeWriter
-from cortex_ray.knowledge._writer import partition_name, stage_name
+from cortex_ray.knowledge._sql import partition_name, stage_name
 from cortex_ray.models import HashEmbedder
 from cortex_ray.storage import Database
 from cortex_ray.storage._database import _alembic

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from cortex_ray.knowledge._read import (
+from cortex_ray.knowledge import (
+    Format,
     SkipReason,
     detect_format,
     list_files,
     read_chunks,
     scan_file,
 )
-from cortex_ray.knowledge._split import Format
 
 
 @pytest.mark.parametrize(

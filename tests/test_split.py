@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cortex_ray.knowledge._split import (
+from cortex_ray.knowledge import (
     Format,
     LineTooLongError,
     SplitPassage,

@@ -1,7 +1,22 @@
 """Knowledge: collections of sources split into sections and passages, published in
-generations, searched by BM25 (in PostgreSQL) and pgvector, fused, cited by exact range."""
+generations, searched by BM25 (in PostgreSQL) and pgvector, fused, cited by exact range.
 
-from cortex_ray.knowledge._bm25 import BM25_B, BM25_K1, STOPWORDS, query_terms, tokenize
+Every name another package needs is here: the ingestion and backfill jobs (the reader, the
+splitter, ``KnowledgeWriter`` and the records it takes), the runtime (``KnowledgeService``,
+the tool) and the benchmarks (BM25's formula, pgvector's text form). The modules behind it
+are private.
+"""
+
+from cortex_ray.knowledge._bm25 import (
+    BM25_B,
+    BM25_K1,
+    STOPWORDS,
+    idf,
+    query_terms,
+    term_counts,
+    tf_factor,
+    tokenize,
+)
 from cortex_ray.knowledge._read import (
     ListedFile,
     ScanResult,
@@ -18,6 +33,8 @@ from cortex_ray.knowledge._service import (
     fuse,
 )
 from cortex_ray.knowledge._split import (
+    DEFAULT_MAX_LINE_BYTES,
+    DEFAULT_MAX_PASSAGE_BYTES,
     Format,
     LineTooLongError,
     Span,
@@ -27,32 +44,40 @@ from cortex_ray.knowledge._split import (
     split_bytes,
     split_stream,
 )
+from cortex_ray.knowledge._sql import DIM as VECTOR_DIM
+from cortex_ray.knowledge._sql import vector_literal
 from cortex_ray.knowledge._tool import knowledge_search_tool
 from cortex_ray.knowledge._types import (
+    Document,
     Fusion,
     GarbageReport,
     Generation,
     HealthEvent,
+    HealthRecord,
     PublishReport,
     RetrievalConfig,
     SearchHit,
     SearchResult,
+    SourceFile,
     SourceVersion,
     Tier,
 )
-from cortex_ray.knowledge._writer import DIM as VECTOR_DIM
 from cortex_ray.knowledge._writer import KnowledgeWriter
 
 __all__ = [
     "BM25_B",
     "BM25_K1",
+    "DEFAULT_MAX_LINE_BYTES",
+    "DEFAULT_MAX_PASSAGE_BYTES",
     "STOPWORDS",
     "VECTOR_DIM",
+    "Document",
     "Format",
     "Fusion",
     "GarbageReport",
     "Generation",
     "HealthEvent",
+    "HealthRecord",
     "KnowledgeService",
     "KnowledgeWriter",
     "LineTooLongError",
@@ -64,6 +89,7 @@ __all__ = [
     "SearchHit",
     "SearchResult",
     "SkipReason",
+    "SourceFile",
     "SourceVersion",
     "Span",
     "SplitPassage",
@@ -73,6 +99,7 @@ __all__ = [
     "citation",
     "detect_format",
     "fuse",
+    "idf",
     "knowledge_search_tool",
     "list_files",
     "query_terms",
@@ -80,5 +107,8 @@ __all__ = [
     "scan_file",
     "split_bytes",
     "split_stream",
+    "term_counts",
+    "tf_factor",
     "tokenize",
+    "vector_literal",
 ]

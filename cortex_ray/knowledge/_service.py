@@ -1,5 +1,10 @@
 """Hybrid retrieval over published knowledge: BM25 in PostgreSQL, pgvector HNSW, fusion,
-optional reranking, lazy passage vectors and range citations."""
+optional reranking, lazy passage vectors and range citations.
+
+Asynchronous, on the core's pool. Its statements live in ``_sql.py``, which it shares with
+the synchronous writer (``KnowledgeWriter``): the passage-vector backfill runs the same
+statements from both.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +19,24 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cortex_ray._exceptions import InvalidRequestError
-from cortex_ray.knowledge._bm25 import BM25_B, BM25_K1, query_terms
+from cortex_ray.knowledge._bm25 import query_terms
+from cortex_ray.knowledge._sql import (
+    BM25_EXACT_SQL,
+    BM25_SQL,
+    DIM,
+    HITS_SQL,
+    PASSAGE_DENSE_SQL,
+    PASSAGE_EXACT_SQL,
+    PUBLICATIONS_SQL,
+    SECTION_DENSE_SQL,
+    SECTION_EXACT_SQL,
+    SET_VECTORS_SQL,
+    TO_EMBED_SQL,
+    UNEMBEDDED_SQL,
+    USAGE_SQL,
+    vector_literal,
+)
 from cortex_ray.knowledge._types import Fusion, RetrievalConfig, SearchHit, SearchResult, Tier
-from cortex_ray.knowledge._writer import _SET_VECTORS_SQL, _TO_EMBED_SQL, DIM, vector_literal
 from cortex_ray.models import Embedder, Reranker
 from cortex_ray.storage import Conn, Database
 
@@ -75,176 +95,6 @@ def fuse(
     return sorted(fused.items(), key=lambda item: (-item[1], item[0]))
 
 
-_PUBLICATIONS_SQL = """
-SELECT c.name, c.id, c.published_generation AS generation, g.passages, g.total_length
-FROM kb_collections c
-JOIN kb_generations g ON g.org_id = c.org_id AND g.id = c.published_generation
-WHERE c.org_id = %(org)s AND (%(names)s::text[] IS NULL OR c.name = ANY(%(names)s::text[]))
-"""
-
-# Impact-ordered candidates, then an exact rescore. Each query term reads at most
-# ``per_term`` postings per collection from the (collection_id, term, impact DESC) index of
-# the collection's partition
-# (NULL: all of them, which makes the result exact); the best ``pool`` by
-# Σ idf · impact are checked against the publication and rescored with its statistics.
-# MATERIALIZED and ``= ANY(ARRAY(...))`` keep the planner from joining all postings.
-_BM25_TEMPLATE = """
-WITH q AS MATERIALIZED (
-    SELECT ts.term,
-           ln(1 + (%(n)s::float8 - sum(ts.df)::float8 + 0.5) / (sum(ts.df)::float8 + 0.5)) AS idf
-    FROM kb_term_stats ts
-    WHERE ts.org_id = %(org)s AND ts.generation = ANY(%(gens)s::bigint[])
-      AND ts.term = ANY(%(terms)s::text[])
-    GROUP BY ts.term
-),
-top AS MATERIALIZED (
-    SELECT c.passage_id, sum(q.idf * c.impact) AS approx
-    FROM q CROSS JOIN unnest(%(cids)s::bigint[]) AS col(id)
-    CROSS JOIN LATERAL (
-        SELECT po.passage_id, po.impact FROM kb_postings po
-        WHERE po.collection_id = col.id AND po.term = q.term
-        ORDER BY po.impact DESC
-        LIMIT %(per_term)s
-    ) c
-    GROUP BY c.passage_id
-    ORDER BY approx DESC
-    LIMIT %(pool)s
-),
-live AS MATERIALIZED (
-    SELECT p.id, p.length, p.collection_id FROM kb_passages p
-    WHERE p.org_id = %(org)s AND p.id = ANY(ARRAY(SELECT passage_id FROM top))
-      AND EXISTS (
-          SELECT 1 FROM kb_generation_sources m
-          WHERE m.org_id = p.org_id AND m.generation = ANY(%(gens)s::bigint[])
-            AND m.source_id = p.source_id AND m.version = p.version)
-)
-SELECT l.id, sum(
-    q.idf * po.tf / (po.tf + {k1} * (1 - {b} + {b} * l.length / %(avgdl)s))
-) AS score
-FROM live l
-{rescore}
-JOIN q ON q.term = po.term
-GROUP BY l.id
-ORDER BY score DESC, l.id
-LIMIT %(k)s
-"""
-
-# The rescore of a bounded pool looks up each candidate's postings of the query terms by
-# primary key. OFFSET 0 keeps the subquery from being flattened into a join: the planner
-# estimates a term's postings from the average (it cannot see which term), and for a common
-# term ("static": 270k postings at 1M passages) it would otherwise read and sort them all
-# to merge-join 200 candidates (0.5-1 s instead of ~20 ms).
-_BM25_SQL = _BM25_TEMPLATE.format(
-    k1=BM25_K1,
-    b=BM25_B,
-    rescore="""CROSS JOIN LATERAL (
-    SELECT p.term, p.tf FROM kb_postings p
-    WHERE p.collection_id = l.collection_id AND p.passage_id = l.id
-      AND p.term = ANY(%(terms)s::text[])
-    OFFSET 0
-) po""",
-)
-
-# Exact BM25 (every posting of the terms is a candidate): a join, which the planner runs
-# as one pass over the terms' postings.
-_BM25_EXACT_SQL = _BM25_TEMPLATE.format(
-    k1=BM25_K1,
-    b=BM25_B,
-    rescore="""JOIN kb_postings po ON po.collection_id = l.collection_id AND po.passage_id = l.id
-                   AND po.term = ANY(%(terms)s::text[])""",
-)
-
-# The live filter sits inside the scan's query, so pgvector's iterative index scan
-# (hnsw.iterative_scan = relaxed_order, set on every pooled connection) keeps scanning
-# until k rows pass it; the outer ORDER BY restores exact order.
-_PASSAGE_DENSE_SQL = """
-WITH hits AS MATERIALIZED (
-    SELECT p.id, p.embedding <=> %(q)s::halfvec(384) AS distance
-    FROM kb_passages p
-    WHERE p.org_id = %(org)s AND p.collection = ANY(%(cols)s::text[])
-      AND p.embedding IS NOT NULL
-      AND EXISTS (
-          SELECT 1 FROM kb_generation_sources m
-          WHERE m.org_id = p.org_id AND m.generation = ANY(%(gens)s::bigint[])
-            AND m.source_id = p.source_id AND m.version = p.version)
-    ORDER BY distance
-    LIMIT %(k)s
-)
-SELECT id, 1 - distance AS score FROM hits ORDER BY distance, id
-"""
-
-_SECTION_DENSE_SQL = """
-WITH hits AS MATERIALIZED (
-    SELECT s.source_id, s.version, s.ordinal, s.embedding <=> %(q)s::halfvec(384) AS distance
-    FROM kb_sections s
-    WHERE s.org_id = %(org)s AND s.collection = ANY(%(cols)s::text[])
-      AND s.embedding IS NOT NULL
-      AND EXISTS (
-          SELECT 1 FROM kb_generation_sources m
-          WHERE m.org_id = s.org_id AND m.generation = ANY(%(gens)s::bigint[])
-            AND m.source_id = s.source_id AND m.version = s.version)
-    ORDER BY distance
-    LIMIT %(k)s
-)
-SELECT source_id, version, ordinal, 1 - distance AS score FROM hits ORDER BY distance
-"""
-
-# Exact fallbacks: every vector of the publication, scored (the ORDER BY expression is not
-# the index's operator, so no HNSW); reached through the membership and the
-# (source, version) indexes, so their cost is the publication's size.
-_PASSAGE_EXACT_SQL = """
-SELECT p.id, 1 - (p.embedding <=> %(q)s::halfvec(384)) AS score
-FROM kb_generation_sources m
-JOIN kb_passages p ON p.org_id = m.org_id AND p.source_id = m.source_id
-                  AND p.version = m.version
-WHERE m.org_id = %(org)s AND m.generation = ANY(%(gens)s::bigint[])
-  AND p.embedding IS NOT NULL
-ORDER BY score DESC, p.id
-LIMIT %(k)s
-"""
-
-_SECTION_EXACT_SQL = """
-SELECT s.source_id, s.version, s.ordinal, 1 - (s.embedding <=> %(q)s::halfvec(384)) AS score
-FROM kb_generation_sources m
-JOIN kb_sections s ON s.org_id = m.org_id AND s.source_id = m.source_id
-                  AND s.version = m.version
-WHERE m.org_id = %(org)s AND m.generation = ANY(%(gens)s::bigint[])
-  AND s.embedding IS NOT NULL
-ORDER BY score DESC, s.source_id, s.ordinal
-LIMIT %(k)s
-"""
-
-# Passages of the surfaced sections that have no vector yet, best section first.
-_UNEMBEDDED_SQL = """
-SELECT p.id, p.text
-FROM unnest(%(src)s::uuid[], %(ver)s::int[], %(sec)s::int[], %(rank)s::int[])
-     AS s(source_id, version, ordinal, rank)
-JOIN kb_passages p ON p.org_id = %(org)s AND p.source_id = s.source_id
-                  AND p.version = s.version AND p.section_ordinal = s.ordinal
-WHERE p.embedding IS NULL
-ORDER BY s.rank, p.ordinal
-LIMIT %(limit)s
-"""
-
-_HITS_SQL = """
-SELECT p.id, p.collection, p.source_id, p.version, src.path, p.text, p.section_ordinal,
-       p.line_start,
-       p.line_end, p.byte_start, p.byte_end, coalesce(sec.heading_path, '{}') AS heading_path
-FROM kb_passages p
-JOIN kb_sources src ON src.org_id = p.org_id AND src.id = p.source_id
-LEFT JOIN kb_sections sec ON sec.org_id = p.org_id AND sec.source_id = p.source_id
-                         AND sec.version = p.version AND sec.ordinal = p.section_ordinal
-WHERE p.org_id = %(org)s AND p.id = ANY(%(ids)s::bigint[])
-"""
-
-_USAGE_SQL = """
-INSERT INTO kb_passage_usage (org_id, passage_id, hits, last_used_at)
-SELECT %(org)s, id, 1, now() FROM unnest(%(ids)s::bigint[]) AS id ORDER BY id
-ON CONFLICT (org_id, passage_id) DO UPDATE
-   SET hits = kb_passage_usage.hits + 1, last_used_at = now()
-"""
-
-
 class KnowledgeService:
     """Search published knowledge of an organisation, with citations; fill in passage vectors.
 
@@ -283,7 +133,7 @@ class KnowledgeService:
             else (list(collection) if collection is not None else None)
         )
         async with self.db.connection() as conn:
-            cur = await conn.execute(_PUBLICATIONS_SQL, {"org": org_id, "names": names})
+            cur = await conn.execute(PUBLICATIONS_SQL, {"org": org_id, "names": names})
             rows = await cur.fetchall()
         return Publication(
             generations={r["name"]: r["generation"] for r in rows},
@@ -327,7 +177,7 @@ class KnowledgeService:
             "pool": None if exact else max(2 * k, 2 * cfg.bm25_candidates),
             "k": k,
         }
-        return (_BM25_EXACT_SQL if exact else _BM25_SQL), params
+        return (BM25_EXACT_SQL if exact else BM25_SQL), params
 
     async def _dense(
         self, sql: str, exact_sql: str, pub: Publication, params: dict[str, Any]
@@ -364,7 +214,7 @@ class KnowledgeService:
         if not pub.generations:
             return []
         params = self._dense_params(org_id, pub, vector, k)
-        rows = await self._dense(_PASSAGE_DENSE_SQL, _PASSAGE_EXACT_SQL, pub, params)
+        rows = await self._dense(PASSAGE_DENSE_SQL, PASSAGE_EXACT_SQL, pub, params)
         return [(r["id"], float(r["score"])) for r in rows]
 
     async def section_dense(
@@ -374,7 +224,7 @@ class KnowledgeService:
         if not pub.generations or k == 0:
             return []
         params = self._dense_params(org_id, pub, vector, k)
-        rows = await self._dense(_SECTION_DENSE_SQL, _SECTION_EXACT_SQL, pub, params)
+        rows = await self._dense(SECTION_DENSE_SQL, SECTION_EXACT_SQL, pub, params)
         return [(r["source_id"], r["version"], r["ordinal"], float(r["score"])) for r in rows]
 
     async def _embed_lazily(
@@ -390,7 +240,7 @@ class KnowledgeService:
             return []
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                _UNEMBEDDED_SQL,
+                UNEMBEDDED_SQL,
                 {
                     "org": org_id,
                     "src": [s[0] for s in sections],
@@ -555,7 +405,7 @@ class KnowledgeService:
         if track_usage and hits:
             async with self.db.connection() as conn:
                 await conn.execute(
-                    _USAGE_SQL, {"org": org_id, "ids": sorted(h.passage_id for h in hits)}
+                    USAGE_SQL, {"org": org_id, "ids": sorted(h.passage_id for h in hits)}
                 )
         timings["total"] = _ms(started)
         return SearchResult(
@@ -575,7 +425,7 @@ class KnowledgeService:
             return {}
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                _HITS_SQL,
+                HITS_SQL,
                 {"org": org_id, "ids": list(ids)},
             )
             return {r["id"]: r for r in await cur.fetchall()}
@@ -593,7 +443,7 @@ class KnowledgeService:
         while done < limit:
             async with self.db.connection() as conn:
                 cur = await conn.execute(
-                    _TO_EMBED_SQL, (org_id, collection, min(batch, limit - done))
+                    TO_EMBED_SQL, (org_id, collection, min(batch, limit - done))
                 )
                 rows = await cur.fetchall()
             if not rows:
@@ -608,7 +458,7 @@ class KnowledgeService:
 async def _store_vectors(
     conn: Conn, org_id: str, ids: Sequence[int], vectors: NDArray[np.float32]
 ) -> None:
-    await conn.execute(_SET_VECTORS_SQL, (list(ids), [vector_literal(v) for v in vectors], org_id))
+    await conn.execute(SET_VECTORS_SQL, (list(ids), [vector_literal(v) for v in vectors], org_id))
 
 
 async def _const(value: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Literal
 from uuid import UUID
@@ -9,16 +10,20 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict
 
 from cortex_ray._settings import Fusion, RetrievalConfig
+from cortex_ray.knowledge._split import SplitPassage, SplitSection
 
 __all__ = [
+    "Document",
     "Fusion",
     "GarbageReport",
     "Generation",
     "HealthEvent",
+    "HealthRecord",
     "PublishReport",
     "RetrievalConfig",
     "SearchHit",
     "SearchResult",
+    "SourceFile",
     "SourceVersion",
     "Tier",
 ]
@@ -56,6 +61,14 @@ class SourceVersion(_Frozen):
     source_id: UUID
     version: int
     unchanged: bool
+
+
+SourceFile = tuple[str, str, int]
+"""What ``register_sources`` takes per file: ``(path, content hash, size in bytes)``."""
+HealthRecord = tuple[str, HealthEvent, str]
+"""One health event: ``(path, event, detail)``."""
+Document = tuple[SourceVersion, Sequence[SplitSection], Sequence[SplitPassage]]
+"""One document version's records for ``write_documents``: ``(source, sections, passages)``."""
 
 
 class PublishReport(_Frozen):
