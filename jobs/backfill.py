@@ -19,10 +19,11 @@ import numpy as np
 import typer
 from numpy.typing import NDArray
 
+from cortex_ray import load_settings
 from cortex_ray._exceptions import CortexError
 from cortex_ray.knowledge._writer import KnowledgeWriter
 from cortex_ray.storage import migrate
-from jobs.ingest import _resolve_dsn
+from jobs.ingest import _resolve_dsn, _shown_default, job_default, job_options
 
 __all__ = ["Embedder", "backfill", "main"]
 
@@ -45,8 +46,8 @@ def backfill(
     *,
     dsn: str,
     limit: int | None = None,
-    batch: int = 256,
-    num_gpus: float = 0,
+    batch: int = job_default("backfill_batch"),
+    num_gpus: float = job_default("backfill_num_gpus"),
     embedder: Any = None,
 ) -> int:
     """Embed published passages without a vector until none is left (or ``limit``).
@@ -98,8 +99,14 @@ def main(
     org: Annotated[str, typer.Option("--org")],
     collection: Annotated[str, typer.Option("--collection")],
     limit: Annotated[int | None, typer.Option("--limit", min=1)] = None,
-    batch: Annotated[int, typer.Option("--batch", min=1)] = 256,
-    num_gpus: Annotated[float, typer.Option("--num-gpus", min=0)] = 0,
+    # Unset flags take Settings.ingest (CORTEX_INGEST__BACKFILL_BATCH, ..._NUM_GPUS).
+    batch: Annotated[
+        int | None, typer.Option("--batch", show_default=_shown_default("backfill_batch"))
+    ] = None,
+    num_gpus: Annotated[
+        float | None,
+        typer.Option("--num-gpus", show_default=_shown_default("backfill_num_gpus")),
+    ] = None,
     address: Annotated[str | None, typer.Option("--address")] = None,
     database_url: Annotated[str | None, typer.Option("--database-url")] = None,
 ) -> None:
@@ -107,16 +114,31 @@ def main(
     import ray
 
     try:
-        dsn, embedded = _resolve_dsn(database_url)
+        settings = load_settings()
+        dsn, embedded = _resolve_dsn(database_url, settings)
     except CortexError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    try:
+        job = job_options(settings, backfill_batch=batch, backfill_num_gpus=num_gpus)
+    except CortexError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        if embedded is not None:
+            embedded.stop()
+        raise typer.Exit(2) from None
     started = time.perf_counter()
     try:
         migrate(dsn)
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
-        n = backfill(org, collection, dsn=dsn, limit=limit, batch=batch, num_gpus=num_gpus)
+        n = backfill(
+            org,
+            collection,
+            dsn=dsn,
+            limit=limit,
+            batch=job.backfill_batch,
+            num_gpus=job.backfill_num_gpus,
+        )
     except CortexError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

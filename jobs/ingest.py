@@ -30,9 +30,10 @@ from typing import Annotated, Any
 import pyarrow as pa
 import typer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pydantic import ValidationError
 
 from cortex_ray._exceptions import CortexError, InvalidRequestError
-from cortex_ray._settings import Settings
+from cortex_ray._settings import IngestJobOptions, Settings, load_settings
 from cortex_ray.knowledge._read import ListedFile, list_files
 from cortex_ray.knowledge._split import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_PASSAGE_BYTES
 from cortex_ray.knowledge._types import Generation
@@ -50,9 +51,27 @@ __all__ = ["IngestReport", "Progress", "main", "run_ingest"]
 
 log = logging.getLogger("cortex_ray.jobs.ingest")
 
-# Ray Data may keep this much of its output in the object store before it pauses the read
-# tasks (its default budget is a share of the store: gigabytes on a big machine).
-OBJECT_STORE_BUDGET = 256 << 20
+
+def job_default(name: str) -> Any:
+    """The default of a job option: the setting ``CORTEX_INGEST__<NAME>``'s own default
+    (``Settings.ingest``), so that the flags, ``run_ingest`` and the settings agree."""
+    return IngestJobOptions.model_fields[name].default
+
+
+def job_options(settings: Settings, **flags: Any) -> IngestJobOptions:
+    """``settings.ingest`` with the flags that were given (not ``None``) put over it,
+    validated by the same model (so a flag obeys the setting's limits).
+
+    Raises:
+        InvalidRequestError: A flag is out of range; the message names it.
+    """
+    given = {name: value for name, value in flags.items() if value is not None}
+    try:
+        return IngestJobOptions.model_validate({**settings.ingest.model_dump(), **given})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = "--" + str(first["loc"][0]).replace("_", "-")
+        raise InvalidRequestError(f"invalid option {flag}: {first['msg']}") from None
 
 
 @dataclass
@@ -93,13 +112,15 @@ class IngestReport:
         return json.dumps(asdict(self), default=str)
 
 
-def _configure_ray_data(show_ray_progress: bool) -> None:
+def _configure_ray_data(show_ray_progress: bool, object_store_budget_bytes: int) -> None:
     from ray.data import DataContext, ExecutionResources
 
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = show_ray_progress
+    # Ray Data may keep this much of its output in the object store before it pauses the
+    # read tasks (its own budget is a share of the store: gigabytes on a big machine).
     ctx.execution_options.resource_limits = ExecutionResources(
-        object_store_memory=OBJECT_STORE_BUDGET
+        object_store_memory=object_store_budget_bytes
     )
 
 
@@ -129,11 +150,13 @@ def run_ingest(
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     unit_bytes: int | None = None,
     show_ray_progress: bool = False,
+    object_store_budget_bytes: int = job_default("object_store_budget_bytes"),
 ) -> IngestReport:
     """Ingest ``paths`` into ``org``/``collection`` on the Ray that is initialised (or a
     local one); publishes a new generation and returns the report.
 
     ``dsn=None`` is a dry run: files are checked and split, nothing is written (no database).
+    The defaults are those of ``Settings.ingest`` (the command line passes its values).
     """
     import ray
 
@@ -161,7 +184,7 @@ def run_ingest(
             max_passage_bytes=max_passage_bytes,
             max_line_bytes=max_line_bytes,
         )
-        _configure_ray_data(show_ray_progress)
+        _configure_ray_data(show_ray_progress, object_store_budget_bytes)
         if unit_bytes is None:
             cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
             unit_bytes = unit_size(progress.total_bytes, cpus)
@@ -244,9 +267,17 @@ def _count(
 # command line ----------------------------------------------------------------------------
 
 
-def _resolve_dsn(database_url: str | None) -> tuple[str, EmbeddedPostgres | None]:
+def _shown_default(name: str) -> str:
+    """What ``--help`` shows as a flag's default: the setting it comes from."""
+    variable = f"CORTEX_INGEST__{name.upper()}"
+    default = job_default(name)
+    return f"{variable}, else {default}" if default is not None else f"{variable}, else unset"
+
+
+def _resolve_dsn(
+    database_url: str | None, settings: Settings
+) -> tuple[str, EmbeddedPostgres | None]:
     """The DSN to use, and the embedded server this process started (to stop at the end)."""
-    settings = Settings()
     url = database_url or settings.database_url
     if url:
         return url, None
@@ -332,13 +363,28 @@ def main(
             help="PostgreSQL DSN (default CORTEX_DATABASE_URL, else the embedded server).",
         ),
     ] = None,
+    # Unset flags take Settings.ingest (CORTEX_INGEST__<NAME>, else its default).
     embed: Annotated[
-        bool, typer.Option("--embed/--no-embed", help="Embed section summaries (MiniLM).")
-    ] = True,
-    max_passage_bytes: Annotated[int, typer.Option(min=16)] = DEFAULT_MAX_PASSAGE_BYTES,
-    max_line_bytes: Annotated[int, typer.Option(min=1024)] = DEFAULT_MAX_LINE_BYTES,
+        bool | None,
+        typer.Option(
+            "--embed/--no-embed",
+            help="Embed section summaries (MiniLM).",
+            show_default=_shown_default("embed"),
+        ),
+    ] = None,
+    max_passage_bytes: Annotated[
+        int | None, typer.Option(show_default=_shown_default("max_passage_bytes"))
+    ] = None,
+    max_line_bytes: Annotated[
+        int | None, typer.Option(show_default=_shown_default("max_line_bytes"))
+    ] = None,
     num_cpus: Annotated[
-        int | None, typer.Option("--num-cpus", help="CPUs of a local Ray started here.")
+        int | None,
+        typer.Option(
+            "--num-cpus",
+            help="CPUs of a local Ray started here.",
+            show_default=_shown_default("num_cpus"),
+        ),
     ] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
     dry_run: Annotated[
@@ -354,7 +400,23 @@ def main(
         typer.echo(f"error: no such file or folder: {', '.join(missing)}", err=True)
         raise typer.Exit(2)
     try:
-        dsn, embedded = (None, None) if dry_run else _resolve_dsn(database_url)
+        settings = load_settings()
+    except CortexError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    try:
+        job = job_options(
+            settings,
+            embed=embed,
+            max_passage_bytes=max_passage_bytes,
+            max_line_bytes=max_line_bytes,
+            num_cpus=num_cpus,
+        )
+    except InvalidRequestError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        dsn, embedded = (None, None) if dry_run else _resolve_dsn(database_url, settings)
     except CortexError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -362,17 +424,18 @@ def main(
         if dsn:
             migrate(dsn)
         if not ray.is_initialized():
-            ray.init(address=address, num_cpus=num_cpus, log_to_driver=False)
+            ray.init(address=address, num_cpus=job.num_cpus, log_to_driver=False)
         with _Reporter(progress) as reporter:
             report = run_ingest(
                 org,
                 collection,
                 paths,
                 dsn=dsn,
-                embed=embed,
+                embed=job.embed,
                 on_progress=reporter,
-                max_passage_bytes=max_passage_bytes,
-                max_line_bytes=max_line_bytes,
+                max_passage_bytes=job.max_passage_bytes,
+                max_line_bytes=job.max_line_bytes,
+                object_store_budget_bytes=job.object_store_budget_bytes,
             )
     except InvalidRequestError as exc:
         typer.echo(f"error: {exc}", err=True)

