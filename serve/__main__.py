@@ -4,6 +4,9 @@ Connects to a running Ray (``RAY_ADDRESS``) or starts a local one, deploys the m
 app (the models the settings would load in-process, at ``/models/v1``) and the API with
 ``run_local(serve_models=True)`` and, on the way out, deletes both (and stops what it
 started). ``--in-process-models`` keeps the models in the API replica instead.
+
+Runs and conversations are driven by session actors (one per run or session) unless
+``CORTEX_SESSIONS__EXECUTOR=in_process`` asks for the replica's own asyncio tasks.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from types import FrameType
 
 import ray
 
-from cortex_ray import ApiOptions, Settings
+from cortex_ray import ApiOptions, load_settings
 from serve import run_local
 
 
@@ -39,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    settings = Settings()
+    settings = load_settings()  # a bad value names its CORTEX_ variable
     options = ApiOptions.model_validate({**settings.api.model_dump(), **overrides})
     settings = settings.model_copy(update={"api": options})
     started_ray = not ray.is_initialized()

@@ -4,6 +4,12 @@ The FastAPI app is built in the replica (``__serve_build_asgi_app__``), not pick
 driver: the runtime (database pool, models) opens there, in the app's lifespan, and closes
 when the replica stops. What crosses from the driver is only the recipe: ``Settings`` or a
 picklable runtime factory, an executor factory, and the ``ApiOptions``.
+
+Which executor drives runs and turns is a setting, ``Settings.sessions.executor``
+(``CORTEX_SESSIONS__EXECUTOR``): ``actors`` (the default) builds an ``actors.SessionManager``
+in the replica, so every run and conversation has its own session actor; ``in_process``
+drives them as asyncio tasks of the replica (one replica only). An explicit executor factory
+overrides the setting.
 """
 
 from __future__ import annotations
@@ -14,7 +20,15 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from cortex_ray import ApiOptions, ConfigurationError, Settings
+from cortex_ray import (
+    ApiOptions,
+    ConfigurationError,
+    Executor,
+    InProcessExecutor,
+    Runtime,
+    Settings,
+    load_settings,
+)
 from cortex_ray.storage import EmbeddedPostgres
 from serve._app import ExecutorFactory, RuntimeFactory, create_app, options_for
 from serve.models import LocalModels, served_settings, serving_config_for
@@ -34,6 +48,7 @@ __all__ = [
     "LocalApi",
     "app_builder",
     "build_api",
+    "executor_for_settings",
     "run_local",
 ]
 
@@ -42,13 +57,33 @@ log = logging.getLogger("serve.api")
 DEFAULT_APP_NAME = "cortex-api"
 
 
+def executor_for_settings(runtime: Runtime) -> Executor:
+    """The executor ``runtime.settings.sessions.executor`` names, for the opened runtime.
+
+    ``actors``: an ``actors.SessionManager`` on the database the runtime has open (its DSN,
+    also the embedded server's); the actors open their own runtimes from the same settings,
+    so a ``served`` model stays served. ``in_process``: an ``InProcessExecutor``.
+
+    Module-level (pickled by reference): it travels to the replica as the executor factory.
+    """
+    if runtime.settings.sessions.executor == "in_process":
+        return InProcessExecutor(runtime)
+    # Imported here: the in-process choice (and a plain create_app) never needs actors/.
+    from actors import SessionManager
+
+    return SessionManager.for_runtime(runtime)
+
+
 class _ApiReplica:
     """The HTTP API's Serve deployment (``ApiIngress``): one FastAPI app per replica.
 
     Args:
         runtime: ``Settings`` (``None``: from ``CORTEX_*`` in the replica's environment) or a
             picklable async factory returning an open ``Runtime``.
-        executor: A picklable factory ``Runtime -> Executor``; ``None``: ``InProcessExecutor``.
+        executor: A picklable factory ``Runtime -> Executor``; ``None``: what the settings'
+            ``sessions.executor`` names (:func:`executor_for_settings`), or, with a runtime
+            factory, an ``InProcessExecutor`` (session actors open their runtime from
+            settings and could not reproduce the factory's model: pass an executor factory).
         options: ``ApiOptions`` (``None``: the settings' ``api``, or ``CORTEX_API__*``).
     """
 
@@ -59,6 +94,8 @@ class _ApiReplica:
         options: ApiOptions | None = None,
     ) -> None:
         self._runtime = runtime
+        if executor is None and (runtime is None or isinstance(runtime, Settings)):
+            executor = executor_for_settings
         self._executor = executor
         self._options = options
 
@@ -76,7 +113,11 @@ def build_api(
     *,
     options: ApiOptions | None = None,
 ) -> Application:
-    """The API as a Serve application (``serve.run(build_api(...))``)."""
+    """The API as a Serve application (``serve.run(build_api(...))``).
+
+    Without ``executor``, settings (or ``None``: the replica's environment) choose it with
+    ``sessions.executor``: session actors by default; a runtime factory gets the in-process
+    executor (see ``ApiIngress``)."""
     opts = options or options_for(runtime)
     deployment = ApiIngress.options(
         num_replicas=opts.num_replicas,
@@ -87,8 +128,10 @@ def build_api(
 
 
 def app_builder(args: dict[str, Any]) -> Application:
-    """For ``serve run serve:app_builder`` and Serve config files: settings from the
-    replica's environment (``CORTEX_*``, ``CORTEX_API__*``); no arguments are read."""
+    """For ``serve run serve:app_builder`` and Serve config files (cluster/serve-api.yaml):
+    settings from the replica's environment (``CORTEX_*``, ``CORTEX_API__*``, set through the
+    application's ``runtime_env.env_vars``), including the executor
+    (``CORTEX_SESSIONS__EXECUTOR``, session actors by default); no arguments are read."""
     if args:
         log.warning("serve.app_builder ignores its arguments: %s", sorted(args))
     return build_api()
@@ -147,7 +190,7 @@ def run_local(
     actors reach them through handles, so no replica or actor loads weights of its own.
     """
     if runtime is None:
-        runtime = Settings()
+        runtime = load_settings()
     opts = options or options_for(runtime)
     embedded: EmbeddedPostgres | None = None
     models: LocalModels | None = None

@@ -25,8 +25,15 @@ import httpx2 as httpx
 import ray
 from ray import serve as ray_serve
 
-from actors import SessionManager
-from cortex_ray import AgentMode, Grant, Principal, PrincipalKind, Runtime, Settings
+from cortex_ray import (
+    AgentMode,
+    Grant,
+    Principal,
+    PrincipalKind,
+    Runtime,
+    Settings,
+    load_settings,
+)
 from cortex_ray.models import HashEmbedder
 from serve._deployment import run_local
 
@@ -41,11 +48,6 @@ GOAL = (
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def session_actors(runtime: Runtime) -> SessionManager:
-    """Runs of the demo are driven by session actors (one per run)."""
-    return SessionManager.for_runtime(runtime)
 
 
 async def _prepare(settings: Settings) -> tuple[str, str]:
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-    settings = Settings()
+    # Session actors drive the runs: the default executor (CORTEX_SESSIONS__EXECUTOR=actors).
+    settings = load_settings()
     _say("==> starting a local Ray, the embedded PostgreSQL and the API on Ray Serve…")
     started = time.perf_counter()
     # The stack reserves 1.5 logical CPUs (API 0.5, embedder 0.5, LLM 0.5; actors none):
@@ -115,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
     api = run_local(
         settings,
-        session_actors,
         options=settings.api.model_copy(update={"port": args.port}),
         serve_models=not args.in_process_models,
     )
