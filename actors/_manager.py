@@ -5,19 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from uuid import UUID
 
-import ray
 from ray.actor import ActorHandle
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from actors._directory import get_or_create_directory
+from actors._directory import Bound, get_or_create_directory
 from actors._exceptions import SessionUnavailableError, _SessionPassivating
 from actors._factory import RuntimeFactory, open_runtime
 from actors._naming import ActorKey
-from actors._session import get_or_create
 from cortex_ray import (
     ConfigurationError,
     MemoryRecord,
@@ -74,6 +73,9 @@ class SessionManager:
         self.settings = settings
         self.factory = factory
         self.policy = policy or settings.sessions
+        # Which actor serves a session, as the directory said (a session may be served by an
+        # adopted warm actor, not found by its name): asked again when that actor is gone.
+        self._actors: OrderedDict[str, Bound] = OrderedDict()
 
     @classmethod
     def for_runtime(
@@ -142,9 +144,16 @@ class SessionManager:
         status: RunStatus = await self.directory().wait_run.remote(org_id, run_id)
         return status
 
+    async def session_actor(self, org_id: str, session_id: UUID) -> ActorHandle[Any] | None:
+        """The live actor serving a session, if any (the directory's map: an adopted warm
+        actor keeps its own name, so ``ray.get_actor`` by the key's name may not find it)."""
+        name = ActorKey.session(org_id, session_id).name
+        handle: ActorHandle[Any] | None = await self.directory().lookup.remote(name)
+        return handle
+
     async def passivate(self, org_id: str, session_id: UUID) -> bool:
         """Ask a session's actor to leave now; ``False`` if it is busy. No actor: ``True``."""
-        handle = self._lookup(ActorKey.session(org_id, session_id))
+        handle = await self.session_actor(org_id, session_id)
         if handle is None:
             return True
         try:
@@ -164,15 +173,25 @@ class SessionManager:
 
     # internals ----------------------------------------------------------------------------
 
-    def _lookup(self, key: ActorKey) -> ActorHandle[Any] | None:
-        try:
-            return ray.get_actor(key.name, namespace=self.policy.namespace)
-        except ValueError:
-            return None
+    async def _session_actor(self, key: ActorKey, stale: str | None) -> Bound:
+        """The actor serving ``key``: remembered, or bound by the directory (``stale``: the
+        actor id just found leaving or dead, never handed out again)."""
+        known = self._actors.get(key.name)
+        if known is not None and known[1] != stale:
+            self._actors.move_to_end(key.name)
+            return known
+        bound: Bound = await self.directory().acquire.remote(key.org_id, key.id, stale, self.policy)
+        self._actors[key.name] = bound
+        # Bounded: a long-lived replica sees many sessions; forgetting costs one call.
+        while len(self._actors) > 2 * self.policy.max_live_sessions:
+            self._actors.popitem(last=False)
+        return bound
 
-    def _session_actor(self, key: ActorKey) -> ActorHandle[Any]:
-        self.directory()  # sessions register with it: make sure it exists
-        return get_or_create(key, self.settings, self.factory, self.policy)
+    def _lost(self, key: ActorKey, actor_id: str) -> None:
+        """The actor died under a call: neither this manager nor the directory hands it out."""
+        if (known := self._actors.get(key.name)) is not None and known[1] == actor_id:
+            del self._actors[key.name]
+        self.directory().forget.remote(key.name, actor_id)
 
     async def _call_session(
         self, key: ActorKey, call: Callable[[ActorHandle[Any]], Awaitable[_T]]
@@ -180,18 +199,21 @@ class SessionManager:
         """Call a session actor, (re)creating it; retried only where nothing ran."""
         deadline = time.monotonic() + self.policy.reactivation_timeout_s
         delay = 0.01
+        stale: str | None = None
         while True:
-            handle = self._session_actor(key)
+            handle, actor_id = await self._session_actor(key, stale)
             try:
                 return await call(handle)
             except _SessionPassivating:
-                pass  # refused before running: the actor is on its way out
+                pass  # refused before running: the actor is on its way out (or warm)
             except ActorDiedError as exc:
                 if exc.actor_init_failed:
+                    self._lost(key, actor_id)
                     raise SessionUnavailableError(
                         f"session {key.id}: its actor failed to start: {exc}"
                     ) from exc
                 if _INTENDED_EXIT not in str(exc):
+                    self._lost(key, actor_id)
                     raise SessionUnavailableError(
                         f"session {key.id}: its actor died during the call; it may or may not "
                         "have taken effect"
@@ -200,6 +222,7 @@ class SessionManager:
                 # A streamed call (a turn) that meets an actor which ended itself gets this
                 # instead of ActorDiedError; ours end themselves only when idle: nothing ran.
                 if _INTENDED_EXIT_STREAMED not in str(exc):
+                    self._lost(key, actor_id)
                     raise SessionUnavailableError(
                         f"session {key.id}: its actor crashed during the call (Ray restarts "
                         "it); it may or may not have taken effect"
@@ -208,5 +231,6 @@ class SessionManager:
                 raise SessionUnavailableError(
                     f"session {key.id}: no live actor within {self.policy.reactivation_timeout_s} s"
                 )
+            stale = actor_id  # leaving: ask for its successor
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)

@@ -7,15 +7,24 @@ Everything it knows is in PostgreSQL, so it can stop at any time and come back:
   exits when the run reaches a terminal state;
 - a **session** actor serves turns one at a time, passivates (exits) after
   ``idle_timeout_s`` without a turn or when the directory evicts it, and is created again by
-  the next message.
+  the next message;
+- a **warm** actor (``key=None``) has its imports done and its ``Runtime`` open but no
+  session yet: the directory keeps ``SessionPolicy.warm_actors`` of them and binds one to a
+  session that needs an actor (:meth:`AgentSession.adopt`), so bringing a passivated session
+  back costs one call instead of a process start. Its name (``cortex-ray:warm/<uuid>``)
+  stays: the directory maps the session's key to it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import gc
 import logging
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
@@ -38,7 +47,10 @@ from cortex_ray import (
     events_until,
 )
 
-__all__ = ["AgentSession", "get_or_create"]
+__all__ = ["WARM_PREFIX", "AgentSession", "create_warm", "get_or_create"]
+
+WARM_PREFIX = "cortex-ray:warm/"
+"""Names of warm actors: ``cortex-ray:warm/<uuid>`` (no actor key parses to one)."""
 
 log = logging.getLogger("actors.session")
 
@@ -50,6 +62,25 @@ def get_or_create(
     actor_class = cast("ActorClass[Any]", AgentSession)
     handle = actor_class.options(**_OPTIONS, name=key.name, namespace=policy.namespace).remote(
         key, settings, factory, policy
+    )
+    return cast("ActorHandle[Any]", handle)
+
+
+def create_warm(
+    settings: Settings, factory: RuntimeFactory, policy: SessionPolicy
+) -> ActorHandle[Any]:
+    """A new warm (unbound) session actor; it is ready when its ``status`` answers."""
+    actor_class = cast("ActorClass[Any]", AgentSession)
+    options = {
+        **_OPTIONS,
+        "get_if_exists": False,
+        # Restarted, it would come back unbound (the constructor's arguments hold no key);
+        # a dead warm or adopted actor is replaced by the directory instead.
+        "max_restarts": 0,
+    }
+    name = f"{WARM_PREFIX}{uuid.uuid4()}"
+    handle = actor_class.options(**options, name=name, namespace=policy.namespace).remote(
+        None, settings, factory, policy
     )
     return cast("ActorHandle[Any]", handle)
 
@@ -71,28 +102,42 @@ _OPTIONS: dict[str, Any] = {
 }
 
 
+def _release_free_heap() -> None:
+    """Hand the heap pages freed by the imports and ``Runtime.open`` back to the kernel
+    (glibc keeps them otherwise): each live actor is a process, so its private memory is
+    what a live session costs."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 @ray.remote
 class AgentSession:
-    """The actor for one :class:`~actors.ActorKey` (a run or a session)."""
+    """The actor for one :class:`~actors.ActorKey` (a run or a session), or a warm one
+    (``key=None``) waiting to adopt a session."""
 
     async def __init__(  # type: ignore[misc]  # Ray awaits an async constructor
         self,
-        key: ActorKey,
+        key: ActorKey | None,
         settings: Settings,
         factory: RuntimeFactory,
         policy: SessionPolicy,
     ) -> None:
-        self._key = key
+        self._key: ActorKey | None = key
         self._policy = policy
-        self._actor_id = ray.get_runtime_context().get_actor_id()
+        self._actor_id: str = ray.get_runtime_context().get_actor_id() or ""
         self._closing = False
         self._pending = 0  # turns admitted: running + waiting for the lock
         self._lock = asyncio.Lock()  # FIFO: one turn at a time, in order of admission
         self._last_used = time.monotonic()
         self._background: set[asyncio.Task[Any]] = set()
+        self._retiring = asyncio.Event()
         self._runtime: Runtime = await factory(settings)
+        _release_free_heap()
         self._drive: asyncio.Task[RunStatus] | None = None
         self._idle: asyncio.Task[None] | None = None
+        if key is None:
+            return  # warm: waits for adopt(); the directory that created it knows it
         if key.kind == "run":
             # Resume (or begin) at once: after a crash Ray re-runs this constructor.
             self._drive = asyncio.create_task(self._drive_run(), name=f"drive {key.name}")
@@ -100,25 +145,53 @@ class AgentSession:
             self._idle = asyncio.create_task(self._idle_watch(), name=f"idle {key.name}")
             self._tell_directory("register", key.name, self._actor_id)
 
+    @property
+    def _bound(self) -> ActorKey:
+        """The key of a session or run actor; a warm one refuses (retried elsewhere)."""
+        if self._key is None:
+            raise _SessionPassivating("a warm actor serves no session yet")
+        return self._key
+
+    async def adopt(self, key: ActorKey, policy: SessionPolicy | None = None) -> str:
+        """Bind this warm actor to ``key`` (a session) under ``policy`` (its idle timeout and
+        queue bound; default: the one it was started with); returns its actor id. Only the
+        directory calls it, under its lock, so a key is never adopted twice."""
+        if self._key is not None or self._closing:
+            raise _SessionPassivating(f"cannot adopt {key.name}: the actor is taken or leaving")
+        if key.kind != "session":
+            raise TypeError(f"only sessions are adopted, not {key.name}")
+        if policy is not None and policy.namespace == self._policy.namespace:
+            self._policy = policy
+        self._key = key
+        self._last_used = time.monotonic()
+        self._idle = asyncio.create_task(self._idle_watch(), name=f"idle {key.name}")
+        return self._actor_id
+
+    async def lifetime(self) -> None:
+        """Returns when the actor starts to leave (raises if it dies): the directory waits
+        on it to forget an actor the moment it goes."""
+        await self._retiring.wait()
+
     # runs ---------------------------------------------------------------------------------
 
     async def _drive_run(self) -> RunStatus:
+        key = self._bound
         try:
-            run = await self._runtime.drive_run(self._key.org_id, self._key.id)
+            run = await self._runtime.drive_run(key.org_id, key.id)
         except Exception:
             # The run stays RUNNING with its ledger intact; the directory tries again.
-            log.exception("%s: driving stopped with an error", self._key.name)
+            log.exception("%s: driving stopped with an error", key.name)
             raise
         finally:
             self._spawn(self._retire())
         if run.status is RunStatus.RUNNING:  # pragma: no cover - drive_run always ends it
-            raise RuntimeError(f"{self._key.name}: drive_run returned a RUNNING run")
+            raise RuntimeError(f"{key.name}: drive_run returned a RUNNING run")
         return run.status
 
     async def wait(self) -> RunStatus:
         """The run's terminal status, once reached (raises what stopped the drive)."""
         if self._drive is None:
-            raise TypeError(f"{self._key.name} is not a run")
+            raise TypeError(f"{self._bound.name} is not a run")
         return await asyncio.shield(self._drive)
 
     # sessions -----------------------------------------------------------------------------
@@ -128,11 +201,12 @@ class AgentSession:
 
         Turns queue behind each other up to ``max_pending_turns``. The turn runs to its end
         even if the caller stops listening (it is then in the history)."""
+        key = self._bound
         if self._closing:
-            raise _SessionPassivating(self._key.name)
+            raise _SessionPassivating(key.name)
         if self._pending >= self._policy.max_pending_turns:
             raise SessionBusyError(
-                f"session {self._key.id} already has {self._pending} turn(s) running or "
+                f"session {key.id} already has {self._pending} turn(s) running or "
                 f"queued (limit {self._policy.max_pending_turns}); try again when it answers"
             )
         self._pending += 1
@@ -148,23 +222,25 @@ class AgentSession:
     async def _run_turn(
         self, caller: Principal, message: str, on_event: Callable[[TurnEvent], None]
     ) -> TurnResult:
+        key = self._bound
         try:
             async with self._lock:
-                session = await self._runtime.store.get_session(self._key.org_id, self._key.id)
+                session = await self._runtime.store.get_session(key.org_id, key.id)
                 return await self._runtime.run_turn(session, caller, message, on_event=on_event)
         finally:
             self._pending -= 1
             self._last_used = time.monotonic()
-            self._tell_directory("touch", self._key.name, self._actor_id)
+            self._tell_directory("touch", key.name, self._actor_id)
 
     async def end(self) -> list[MemoryRecord]:
         """End the session (the extraction pass runs), then passivate."""
+        key = self._bound
         if self._closing:
-            raise _SessionPassivating(self._key.name)
+            raise _SessionPassivating(key.name)
         self._pending += 1
         try:
             async with self._lock:
-                session = await self._runtime.store.get_session(self._key.org_id, self._key.id)
+                session = await self._runtime.store.get_session(key.org_id, key.id)
                 facts = await self._runtime.end_session(session)
         finally:
             self._pending -= 1
@@ -184,7 +260,7 @@ class AgentSession:
     async def status(self) -> dict[str, Any]:
         """What the directory asks when it rebuilds its view of the cluster."""
         return {
-            "name": self._key.name,
+            "name": None if self._key is None else self._key.name,  # None: warm
             "actor_id": self._actor_id,
             "idle_s": time.monotonic() - self._last_used,
             "pending": self._pending,
@@ -204,25 +280,27 @@ class AgentSession:
             if idle < timeout or self._pending:
                 await asyncio.sleep(max(timeout - idle, min(timeout, 1.0) / 4))
                 continue
-            log.info("%s: idle for %.1f s, passivating", self._key.name, idle)
+            log.info("%s: idle for %.1f s, passivating", self._bound.name, idle)
             await self.passivate()
             return
 
     async def _retire(self) -> None:
         """Close what the actor holds, tell the directory, and exit (an intended exit)."""
         self._closing = True
+        self._retiring.set()
+        name = "warm actor" if self._key is None else self._key.name
         if self._idle is not None and self._idle is not asyncio.current_task():
             self._idle.cancel()
-        if self._key.kind == "session":
+        if self._key is not None and self._key.kind == "session":
             await self._notify_directory("unregister", self._key.name, self._actor_id)
         try:
             await self._runtime.close()
         except Exception:
-            log.exception("%s: closing the runtime failed", self._key.name)
+            log.exception("%s: closing the runtime failed", name)
         # Let in-flight notes to the directory land before the process goes.
         pending = [t for t in self._background if t is not asyncio.current_task()]
         if pending:
-            await asyncio.wait(pending, timeout=2.0)
+            await asyncio.wait(pending, timeout=self._policy.drain_timeout_s)
         # exit_actor() must run inside an actor task to end the process; calls already
         # running complete first, queued ones fail with ActorDiedError (INTENDED_USER_EXIT).
         me = ray.get_runtime_context().current_actor
@@ -245,6 +323,9 @@ class AgentSession:
         # rebuilds its view from the cluster when it comes back.
         try:
             directory = ray.get_actor(DIRECTORY_NAME, namespace=self._policy.namespace)
-            await asyncio.wait_for(getattr(directory, method).remote(*args), timeout=5.0)
+            await asyncio.wait_for(
+                getattr(directory, method).remote(*args),
+                timeout=self._policy.directory_call_timeout_s,
+            )
         except (RayError, ValueError, TimeoutError) as exc:  # ValueError: no such actor
-            log.debug("%s: directory.%s failed: %s", self._key.name, method, exc)
+            log.debug("%s: directory.%s failed: %s", self._key, method, exc)

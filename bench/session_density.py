@@ -40,7 +40,7 @@ import psutil  # noqa: E402
 import ray  # noqa: E402
 from _scratch import scratch_data_dir  # noqa: E402
 
-from actors import ActorKey, SessionManager, SessionPolicy  # noqa: E402
+from actors import DIRECTORY_NAME, SessionManager, SessionPolicy  # noqa: E402
 from cortex_ray import Grant, Principal, Runtime, Settings  # noqa: E402
 from cortex_ray.memory import HeuristicImportanceScorer  # noqa: E402
 from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient  # noqa: E402
@@ -111,19 +111,33 @@ def cluster_memory(data_dir: Path | None) -> dict[str, float]:
 
 
 def live_session_actors(namespace: str) -> list[str]:
+    """Session actors alive in the namespace: named after their session (the cold path) or
+    warm ones (``cortex-ray:warm/...``, adopted or not): every actor but the directory."""
     return [
         a["name"]
         for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["namespace"] == namespace and "/session/" in a["name"]
+        if a["namespace"] == namespace and a["name"] != DIRECTORY_NAME
     ]
+
+
+async def bound_session_actors(namespace: str) -> int:
+    """Live actors serving a session (not the unbound warm ones), asking each actor."""
+    bound = 0
+    for name in live_session_actors(namespace):
+        try:
+            status = await ray.get_actor(name, namespace=namespace).status.remote()
+        except (ray.exceptions.RayActorError, ValueError):
+            continue  # gone meanwhile
+        bound += status["name"] is not None
+    return bound
 
 
 async def wait_live_at_most(namespace: str, n: int, within: float = 30.0) -> int:
     deadline = time.monotonic() + within
-    live = len(live_session_actors(namespace))
+    live = await bound_session_actors(namespace)
     while live > n and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-        live = len(live_session_actors(namespace))
+        live = await bound_session_actors(namespace)
     return live
 
 
@@ -166,7 +180,12 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> None:
         manager = SessionManager(
             settings,
             factory=scripted_runtime,
-            policy=SessionPolicy(namespace=ns1, max_live_sessions=10_000, idle_timeout_s=3600),
+            policy=SessionPolicy(
+                namespace=ns1,
+                max_live_sessions=10_000,
+                idle_timeout_s=3600,
+                warm_actors=args.warm_actors,
+            ),
         )
         await manager.live_sessions()  # the directory is up before the baseline
         await asyncio.sleep(2.0)
@@ -180,7 +199,8 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> None:
         after = cluster_memory(pg_dir)
         per_actor: list[dict[str, float]] = []
         for sid in ids:
-            handle = ray.get_actor(ActorKey.session(org, sid).name, namespace=ns1)
+            handle = await manager.session_actor(org, sid)
+            assert handle is not None, sid
             m = memory_of(await handle.pid.remote())
             if m is not None:
                 per_actor.append(m)
@@ -212,6 +232,12 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> None:
             assert await manager.passivate(org, sid)
             await wait_live_at_most(ns1, args.live - 1)
             await asyncio.sleep(0.5)  # let the exit settle; Ray may prestart a worker
+            # The warm pool refills in the background (one actor start each); give it the
+            # time a person takes to type the next message, up to 5 s.
+            for _ in range(50):
+                if len(await manager.directory().warm_actors.remote()) or not args.warm_actors:
+                    break
+                await asyncio.sleep(0.1)
             t = time.perf_counter()
             reply = await manager.turn(org, sid, alice, "back?")
             cold.append(time.perf_counter() - t)
@@ -228,7 +254,12 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> None:
         )
         print(
             f"   turn to a passivated session: median {statistics.median(cold) * 1000:7.1f} ms"
-            f"   p95 {pct(cold, 95) * 1000:7.1f} ms   (actor start + Runtime.open + turn)"
+            f"   p95 {pct(cold, 95) * 1000:7.1f} ms   "
+            + (
+                f"(a warm actor adopts it + turn; warm_actors={args.warm_actors})"
+                if args.warm_actors
+                else "(actor start + Runtime.open + turn; warm_actors=0)"
+            )
         )
         for s in ids:
             await manager.passivate(org, s)
@@ -239,7 +270,12 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> None:
         capped = SessionManager(
             settings,
             factory=scripted_runtime,
-            policy=SessionPolicy(namespace=ns3, max_live_sessions=args.cap, idle_timeout_s=3600),
+            policy=SessionPolicy(
+                namespace=ns3,
+                max_live_sessions=args.cap,
+                idle_timeout_s=3600,
+                warm_actors=args.warm_actors,
+            ),
         )
         await capped.live_sessions()
         await asyncio.sleep(2.0)
@@ -259,7 +295,7 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> None:
             await capped.turn(org, sid, alice, "hello")
             done = i
             if i % args.sample_every == 0 or i == args.sessions:
-                live = len(live_session_actors(ns3))
+                live = await bound_session_actors(ns3)
                 m = cluster_memory(pg_dir)
                 now = time.monotonic()
                 rate = (now - last) / (args.sample_every if i % args.sample_every == 0 else 1)
@@ -299,6 +335,12 @@ def main() -> None:
     parser.add_argument("--reactivations", type=int, default=10, help="rounds for part 2 (R)")
     parser.add_argument(
         "--max-seconds", type=float, default=None, help="stop the curve after this long"
+    )
+    parser.add_argument(
+        "--warm-actors",
+        type=int,
+        default=SessionPolicy.model_fields["warm_actors"].default,
+        help="SessionPolicy.warm_actors (0: every session starts its own actor, as before)",
     )
     parser.add_argument("--data-dir", type=Path, default=None, help="embedded PostgreSQL data")
     parser.add_argument("--database-url", default=None, help="use this PostgreSQL instead")

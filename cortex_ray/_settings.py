@@ -190,6 +190,29 @@ class SessionPolicy(BaseModel):
         "per run or conversation (actors), or asyncio tasks of the API replica (in_process; "
         "one replica only)",
     )
+    warm_actors: int = Field(
+        default=2,
+        ge=0,
+        description="unbound session actors the directory keeps started (imports done, runtime "
+        "open) to adopt the next session that needs an actor; 0: every session starts its own",
+    )
+    status_timeout_s: float = Field(
+        default=5.0, gt=0, description="a restarted directory's wait for each actor's status"
+    )
+    passivate_timeout_s: float = Field(
+        default=10.0, gt=0, description="the directory's wait for an evicted actor to answer"
+    )
+    directory_call_timeout_s: float = Field(
+        default=5.0, gt=0, description="an actor's wait on a note to the directory"
+    )
+    drain_timeout_s: float = Field(
+        default=2.0, ge=0, description="how long a leaving actor lets its notes land"
+    )
+    run_retry_backoff_max_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="longest pause between attempts to drive a failing run (doubling from 0.5 s)",
+    )
 
 
 class IngestJobOptions(BaseModel):
