@@ -16,14 +16,11 @@ be registered with ``ray.cloudpickle.register_pickle_by_value``."""
 
 
 async def open_runtime(settings: Settings) -> Runtime:
-    """The default factory: everything from the settings. A ``served`` model or embedder
-    (``CORTEX_MODEL_BACKEND=served``, ``CORTEX_EMBEDDING_BACKEND=served``; what
-    ``python -m serve`` and the demo set) is reached through handles to the deployments of
-    ``settings.models_app``, so the actor loads no model weights of its own."""
-    if settings.uses_served_models:
-        from serve.models import open_served_runtime
-
-        return await open_served_runtime(settings)
+    """The default factory: everything from the settings (``Runtime.open``). A ``served``
+    model or embedder (``CORTEX_MODEL_BACKEND=served``, ``CORTEX_EMBEDDING_BACKEND=served``;
+    what ``python -m serve`` and the demo set) is opened by the core's backend registry,
+    which finds the Ray layer's ``served`` backend through its entry point: the actor loads
+    no model weights of its own, and this package imports nothing of ``serve``."""
     return await Runtime.open(settings)
 
 

@@ -1,10 +1,20 @@
 """cortex-ray: a CoALA agent runtime. The portable core (imports no Ray module).
 
-The decision cycle's four seams live in ``perceive``, ``decide``, ``act`` and ``memory``
-(LEARN); ``access`` decides every tool call; ``models`` holds model clients and embedders;
+The decision cycle's four seams live in ``perceive``, ``decide``, ``act`` and ``learn``
+(long-term memory itself in ``memory``), joined by ``DecisionCycle``; ``Runtime`` is the one
+door (its use cases decide access and write the audit); ``access`` decides every tool call
+and use case; ``models`` holds model clients and embedders;
 ``storage`` the database.
 """
 
+from cortex_ray._cycle import (
+    CycleStep,
+    DecisionCycle,
+    StepCallback,
+    TurnEventRelay,
+    TurnEventSink,
+    events_until,
+)
 from cortex_ray._exceptions import (
     AccessDeniedError,
     ConfigurationError,
@@ -18,20 +28,19 @@ from cortex_ray._exceptions import (
     UnavailableError,
 )
 from cortex_ray._executor import Executor, InProcessExecutor
-from cortex_ray._runtime import (
-    Runtime,
-    StepCallback,
-    TurnEventRelay,
-    TurnEventSink,
-    build_embedder,
-    build_model,
-    events_until,
+from cortex_ray._runtime import ApiKeyCreated, Runtime
+from cortex_ray._settings import (
+    ApiOptions,
+    IngestJobOptions,
+    SessionPolicy,
+    Settings,
+    load_settings,
 )
-from cortex_ray._settings import ApiOptions, SessionPolicy, Settings, load_settings
 from cortex_ray._types import (
     ActionType,
     Agent,
     AgentAction,
+    AgentChanges,
     AgentMode,
     Candidate,
     Decision,
@@ -65,17 +74,22 @@ __all__ = [
     "ActionType",
     "Agent",
     "AgentAction",
+    "AgentChanges",
     "AgentMode",
+    "ApiKeyCreated",
     "ApiOptions",
     "Candidate",
     "ConfigurationError",
     "ConflictError",
     "CortexError",
+    "CycleStep",
     "Decision",
+    "DecisionCycle",
     "DecisionKind",
     "Executor",
     "Grant",
     "InProcessExecutor",
+    "IngestJobOptions",
     "InvalidRequestError",
     "MemoryKind",
     "MemoryRecord",
@@ -109,8 +123,6 @@ __all__ = [
     "TurnResult",
     "UnavailableError",
     "WorkingMemory",
-    "build_embedder",
-    "build_model",
     "events_until",
     "load_settings",
 ]

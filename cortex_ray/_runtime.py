@@ -1,13 +1,21 @@
-"""The runtime: one PERCEIVE → DECIDE → ACT → LEARN cycle for both kinds of agent.
+"""The runtime: the one door into the core.
 
-``Runtime.run_autonomous`` loops the cycle against a goal and a step budget;
-``Runtime.run_turn`` runs it for one message of a conversation. Both use the same assembler
-(PERCEIVE), the same invocation gate (ACT) and the same memory service (LEARN); only the
-driver (DECIDE) differs.
+``Runtime`` wires the decision cycle once (``Runtime.open``) and offers every use case the
+HTTP API, the CLI and Python callers have: agents, tasks, sessions, tool calls, memory and
+knowledge search, API keys, procedural-edit approval. Each use case takes the calling
+principal, is decided by ``AccessControlService.authorize`` and leaves an audit row (every
+refusal; every allowed write and data read) with the action category the gate would give
+it. The transports only parse, call one method and render.
 
-Each autonomous step is ONE transaction holding its ledger row (keyed by run id and step
-index, so it can never be written twice), its audit row and its episodic memory. A run can
-therefore be resumed from its ledger: ``drive_run`` continues after the last recorded step.
+What a use case sets going runs elsewhere: the loops are in ``cortex_ray._cycle``
+(``DecisionCycle``), LEARN's cadences in ``cortex_ray.learn``, model opening in the backend
+registry (``cortex_ray.models.open_models``). ``drive_run``, ``run_turn`` and
+``end_session`` are the executor seam: an ``Executor`` (in-process, or a session actor)
+calls them for work a use case already admitted.
+
+In-process callers that name no principal act as ``Principal.operator(org)``: the person at
+the machine, who holds the database anyway. Anything acting for someone else passes that
+someone.
 """
 
 from __future__ import annotations
@@ -15,44 +23,52 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 from uuid import UUID
 
-from opentelemetry import trace
 from pydantic import ValidationError
 
+from cortex_ray._cycle import (
+    DecisionCycle,
+    StepCallback,
+    TurnEventRelay,
+    TurnEventSink,
+    events_until,
+)
 from cortex_ray._exceptions import (
     AccessDeniedError,
     ConfigurationError,
     ConflictError,
     InvalidRequestError,
+    NotFoundError,
+    UnavailableError,
 )
 from cortex_ray._settings import Settings, load_settings
 from cortex_ray._types import (
     Agent,
-    AgentAction,
+    AgentChanges,
     AgentMode,
-    Decision,
-    DecisionKind,
     Grant,
     MemoryKind,
     MemoryRecord,
     Observation,
-    ObservationStatus,
     Principal,
+    PrincipalKind,
+    ProceduralProposal,
+    ProposalStatus,
     RunStatus,
+    ScoredMemory,
     Session,
     SessionStatus,
-    Step,
     TaskRun,
+    ToolSpec,
     Turn,
-    TurnEvent,
-    TurnEventKind,
     TurnResult,
-    utcnow,
 )
-from cortex_ray.access import AccessControlService
+from cortex_ray.access import AccessControlService, UseCase, UseCaseRequest
 from cortex_ray.act import (
     BUILTIN_TOOL_NAMES,
     ActionClassifier,
@@ -65,100 +81,41 @@ from cortex_ray.act import (
 )
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
 from cortex_ray.knowledge import VECTOR_DIM as KNOWLEDGE_DIM
-from cortex_ray.knowledge import KnowledgeService, knowledge_search_tool
+from cortex_ray.knowledge import Fusion, KnowledgeService, SearchResult, knowledge_search_tool
+from cortex_ray.learn import Learner
 from cortex_ray.memory import ImportanceScorer, MemoryService, importance_scorer_for
-from cortex_ray.models import Embedder, HashEmbedder, ModelClient, Reranker
+from cortex_ray.models import Embedder, ModelClient, ModelSlot, Reranker, open_models
 from cortex_ray.perceive import PromptComposer, WorkingMemoryAssembler
-from cortex_ray.storage import Database, Store
+from cortex_ray.storage import AuditEntry, Database, Store
 
 __all__ = [
+    "ApiKeyCreated",
     "Runtime",
     "StepCallback",
     "TurnEventRelay",
     "TurnEventSink",
-    "build_embedder",
-    "build_model",
     "events_until",
 ]
 
-log = logging.getLogger("cortex_ray.cycle")
-tracer = trace.get_tracer("cortex_ray")
-
-E = TypeVar("E")
+log = logging.getLogger("cortex_ray.runtime")
 
 MAX_CONTACT_CONTEXT_BYTES = 8192
 """The largest contact context a run takes, as UTF-8 JSON."""
 
-StepCallback = Callable[[Step], Awaitable[None] | None]
-TurnEventSink = Callable[[TurnEvent], Awaitable[None] | None]
-"""Receives a turn's events as they happen. A sink that raises is dropped for the rest of
-the turn (logged); the turn itself always runs to its end and is recorded."""
 
+@dataclass(frozen=True, slots=True)
+class ApiKeyCreated:
+    """A new API key: the bearer key (shown once; only its hash is kept), its id, and the
+    principal it acts as."""
 
-_SERVED = (
-    "%s=served reaches the deployments of the Serve app %r through Ray handles, which only "
-    "the Ray layers open (actors.open_runtime, the API on Serve, serve.models."
-    "open_served_runtime); in a plain process use local or openai"
-)
-
-
-def build_model(settings: Settings) -> ModelClient | None:
-    """The chat model the settings name (``None`` for ``model_backend=none``)."""
-    if settings.model_backend == "none":
-        return None
-    if settings.model_backend == "served":
-        raise ConfigurationError(_SERVED % ("model_backend", settings.models_app))
-    if settings.model_backend == "openai":
-        from cortex_ray.models.openai_compatible import OpenAICompatibleClient
-
-        assert settings.model_url is not None
-        return OpenAICompatibleClient(
-            settings.model_url,
-            settings.model_name,
-            api_key=settings.model_api_key,
-            timeout_s=settings.model_timeout_s,
-            default_temperature=settings.model_temperature,
-            default_max_tokens=settings.model_max_tokens,
-        )
-    from cortex_ray.models.llama_cpp import LlamaCppClient
-
-    return LlamaCppClient(
-        settings.local_model_path,
-        n_ctx=settings.local_model_context,
-        n_threads=settings.local_model_threads,
-        default_temperature=settings.model_temperature,
-        default_max_tokens=settings.model_max_tokens,
-    )
-
-
-def build_embedder(settings: Settings) -> Embedder:
-    """The embedder the settings name: the packaged MiniLM in-process (``local``), an
-    OpenAI-compatible ``/v1/embeddings`` server (``openai``), or the test ``hash``."""
-    if settings.embedding_backend == "hash":
-        return HashEmbedder(settings.embedding_dim)
-    if settings.embedding_backend == "served":
-        raise ConfigurationError(_SERVED % ("embedding_backend", settings.models_app))
-    if settings.embedding_backend == "openai":
-        from cortex_ray.models.openai_embeddings import OpenAICompatibleEmbedder
-
-        return OpenAICompatibleEmbedder.from_settings(settings)
-    from cortex_ray.models.embeddings import SentenceTransformerEmbedder
-
-    return SentenceTransformerEmbedder(settings.embedding_model, device=settings.embedding_device)
-
-
-def _step_memory_text(step_index: int, decision: Decision, observation: Observation) -> str:
-    action = decision.action
-    assert action is not None
-    args = ", ".join(f"{k}={v!r}" for k, v in action.args.items())
-    return (
-        f"Step {step_index + 1}: {action.tool}({args}) [{observation.action_type.value}] → "
-        f"{observation.status.value}: {observation.summary[:1000]}"
-    )
+    key: str
+    key_id: UUID
+    principal: Principal
 
 
 class Runtime:
-    """Everything the decision cycle needs, wired once. Open with :meth:`open`."""
+    """Everything the decision cycle needs, wired once, and the use cases on top. Open with
+    :meth:`open`."""
 
     def __init__(
         self,
@@ -189,6 +146,18 @@ class Runtime:
         self.assembler = WorkingMemoryAssembler(memory, self.dispatcher, recall_k=settings.recall_k)
         self.autonomous = AutonomousDriver(model, self.composer, settings)
         self.interactive = InteractiveDriver(model, self.composer, settings)
+        self.learner = Learner(db, self.store, memory)
+        self.cycle = DecisionCycle(
+            settings=settings,
+            db=db,
+            store=self.store,
+            registry=self.registry,
+            assembler=self.assembler,
+            dispatcher=self.dispatcher,
+            autonomous=self.autonomous,
+            interactive=self.interactive,
+            learner=self.learner,
+        )
         self._owns_model = False
         self._owns_db = False
 
@@ -205,12 +174,14 @@ class Runtime:
         db: Database | None = None,
         reranker: Reranker | None = None,
     ) -> Runtime:
-        """Start or reach the database, load the models the settings name, and wire the cycle.
+        """Start or reach the database, open the models the settings name, and wire the cycle.
 
-        ``model="settings"`` builds the model from settings; pass a client (or ``None``) to
-        override. Likewise ``embedder`` and ``importance``. ``reranker`` (a cross-encoder,
-        e.g. the served one) reranks knowledge search; without one that stage is skipped
-        and each result says so.
+        Models open through the backend registry (``cortex_ray.models.open_models``):
+        ``model="settings"`` opens the chat model of ``model_backend``; pass a client (or
+        ``None``) to override. Likewise ``embedder`` (else ``embedding_backend``) and
+        ``importance``. ``reranker`` (a cross-encoder) reranks knowledge search; without one
+        the backend's reranker is used if it has one (the ``served`` backend does), else
+        that stage is skipped and each result says so.
         """
         if settings is None:
             settings = load_settings()
@@ -220,16 +191,27 @@ class Runtime:
         # is closed again if a later step fails.
         database = db or await Database.open(settings)
         chat_model: ModelClient | None = None
+        opens_chat = isinstance(model, str)
         try:
-            chat_model = build_model(settings) if isinstance(model, str) else model
-            emb = embedder or build_embedder(settings)
+            slots: list[ModelSlot] = []
+            if opens_chat:
+                slots.append("chat")
+            if embedder is None:
+                slots.append("embedder")
+            parts = await open_models(settings, slots)
+            chat_model = parts.chat if opens_chat else model  # type: ignore[assignment]
+            emb = embedder or parts.embedder
+            if emb is None:
+                raise ConfigurationError(
+                    f"embedding_backend={settings.embedding_backend} opened no embedder"
+                )
             if importance is None:
                 importance = importance_scorer_for(settings, chat_model)
             memory = MemoryService(database, emb, settings, importance)
             knowledge: KnowledgeService | None = None
             if emb.dim == KNOWLEDGE_DIM:
                 knowledge = KnowledgeService(
-                    database, emb, config=settings.knowledge, reranker=reranker
+                    database, emb, config=settings.knowledge, reranker=reranker or parts.reranker
                 )
             else:
                 log.warning(
@@ -248,11 +230,11 @@ class Runtime:
                 knowledge=knowledge,
             )
             # Close only what this call opened; a caller's model or database is theirs.
-            runtime._owns_model = isinstance(model, str)
+            runtime._owns_model = opens_chat
             runtime._owns_db = db is None
             return runtime
         except BaseException:
-            if chat_model is not None and model == "settings":
+            if chat_model is not None and opens_chat:
                 await chat_model.aclose()
             if db is None:
                 await database.close()
@@ -265,7 +247,133 @@ class Runtime:
         if close_db and self._owns_db:
             await self.db.close()
 
+    async def ping(self) -> None:
+        """Readiness: the database answers within ``settings.api.readyz_timeout_s``.
+
+        Raises:
+            UnavailableError: It did not, with the reason.
+        """
+        try:
+            async with asyncio.timeout(self.settings.api.readyz_timeout_s):
+                async with self.db.connection() as conn:
+                    await conn.execute("SELECT 1")
+        except Exception as exc:
+            raise UnavailableError(f"the database does not answer: {type(exc).__name__}") from exc
+
+    # access and audit ---------------------------------------------------------------------
+
+    async def _authorize(
+        self,
+        principal: Principal | None,
+        use_case: UseCase,
+        org_id: str,
+        *,
+        agent: Agent | None = None,
+        owner_id: str | None = None,
+        args: dict[str, Any] | None = None,
+        session_id: UUID | None = None,
+    ) -> Principal:
+        """Decide ``use_case`` for the caller (the operator when ``None``); a refusal is
+        audited and raised as ``AccessDeniedError``. Returns the acting principal."""
+        caller = principal or Principal.operator(org_id)
+        category = None
+        if use_case is UseCase.MEMORY_SEARCH:
+            tool = self.registry.get("memory_search")
+            category = self.registry.classifier.classify(tool or "memory_search")
+        request = UseCaseRequest(org_id, agent=agent, owner_id=owner_id, tool_category=category)
+        decision = self.access.authorize(caller, use_case, request)
+        if not decision.allowed:
+            await self._audit(
+                caller, use_case, org_id, "REFUSED", decision.reason, agent, args, session_id
+            )
+            log.info("refused %s for %s: %s", use_case.label, caller.id, decision.reason)
+            raise AccessDeniedError(decision.reason)
+        return caller
+
+    async def _audited(
+        self,
+        caller: Principal,
+        use_case: UseCase,
+        org_id: str,
+        *,
+        agent: Agent | None = None,
+        args: dict[str, Any] | None = None,
+        session_id: UUID | None = None,
+        run_id: UUID | None = None,
+    ) -> None:
+        """The OK row of an allowed use case that is audited when allowed."""
+        if use_case.audit_allowed:
+            await self._audit(caller, use_case, org_id, "OK", None, agent, args, session_id, run_id)
+
+    async def _audit(
+        self,
+        caller: Principal,
+        use_case: UseCase,
+        org_id: str,
+        status: str,
+        reason: str | None,
+        agent: Agent | None,
+        args: dict[str, Any] | None,
+        session_id: UUID | None = None,
+        run_id: UUID | None = None,
+    ) -> None:
+        entry = AuditEntry(
+            org_id=org_id,
+            principal_id=caller.id,
+            agent_id=None if agent is None else agent.id,
+            mode=None,
+            tool=use_case.label,
+            action_type=use_case.category,
+            status=status,
+            reason=reason,
+            args=args or {},
+            duration_ms=0.0,
+            run_id=run_id,
+            step_index=None,
+            session_id=session_id,
+            idempotency_key=None,
+        )
+        async with self.db.transaction() as conn:
+            await self.store.insert_audit(conn, entry)
+        log.info(
+            "use case %s category=%s status=%s principal=%s",
+            use_case.label,
+            use_case.category.value,
+            status,
+            caller.id,
+            extra={"action_type": use_case.category.value, "use_case": use_case.label},
+        )
+
+    async def _agent_for(
+        self,
+        principal: Principal | None,
+        use_case: UseCase,
+        org_id: str,
+        agent_ref: UUID | str,
+        *,
+        args: dict[str, Any] | None = None,
+    ) -> tuple[Principal, Agent]:
+        """The agent a use case concerns, looked up only for a member of its organisation
+        (so another organisation's principal learns nothing), then the use case decided."""
+        caller = principal or Principal.operator(org_id)
+        if caller.org_id != org_id:
+            await self._authorize(caller, use_case, org_id, args=args)
+        agent = await self.store.get_agent(org_id, agent_ref)
+        return await self._authorize(caller, use_case, org_id, agent=agent, args=args), agent
+
     # agents -------------------------------------------------------------------------------
+
+    async def list_agents(self, org_id: str, *, principal: Principal | None = None) -> list[Agent]:
+        """The organisation's agents."""
+        await self._authorize(principal, UseCase.AGENTS_LIST, org_id)
+        return await self.store.list_agents(org_id)
+
+    async def get_agent(
+        self, org_id: str, agent_ref: UUID | str, *, principal: Principal | None = None
+    ) -> Agent:
+        """One agent, by id or name."""
+        _, agent = await self._agent_for(principal, UseCase.AGENTS_GET, org_id, agent_ref)
+        return agent
 
     async def create_agent(
         self,
@@ -277,12 +385,14 @@ class Runtime:
         tools: Sequence[str] | None = None,
         skills: Sequence[str] = (),
         grant: Grant | None = None,
+        principal: Principal | None = None,
     ) -> Agent:
-        """Create an agent. By default it has every built-in tool and a grant for them."""
+        """Create an agent (admin only). By default it has every built-in tool and a grant
+        for them."""
+        args = {"name": name, "mode": mode.value}
+        caller = await self._authorize(principal, UseCase.AGENTS_CREATE, org_id, args=args)
         tool_names = tuple(tools) if tools is not None else BUILTIN_TOOL_NAMES
-        unknown = [t for t in tool_names if self.registry.get(t) is None]
-        if unknown:
-            raise InvalidRequestError(f"unknown tools: {', '.join(unknown)}")
+        self._check_tools(tool_names)
         try:
             agent = Agent(
                 org_id=org_id,
@@ -295,9 +405,47 @@ class Runtime:
             )
         except ValidationError as exc:
             raise InvalidRequestError(f"invalid agent: {_first_error(exc)}") from exc
-        return await self.store.create_agent(agent)
+        created = await self.store.create_agent(agent)
+        await self._audited(caller, UseCase.AGENTS_CREATE, org_id, agent=created, args=args)
+        return created
 
-    # autonomous ---------------------------------------------------------------------------
+    async def update_agent(
+        self,
+        org_id: str,
+        agent_ref: UUID | str,
+        changes: AgentChanges,
+        *,
+        principal: Principal | None = None,
+    ) -> Agent:
+        """Change an agent's mode, persona, tools, skills or grant (admin only): the fields
+        set on ``changes``."""
+        given = changes.model_fields_set
+        args = {"fields": sorted(given)}
+        caller, agent = await self._agent_for(
+            principal, UseCase.AGENTS_UPDATE, org_id, agent_ref, args=args
+        )
+        update: dict[str, Any] = {}
+        if "tools" in given and changes.tools is not None:
+            self._check_tools(changes.tools)
+            update["tools"] = tuple(changes.tools)
+        if "persona" in given and changes.persona is not None:
+            update["persona"] = changes.persona
+        if "mode" in given and changes.mode is not None:
+            update["mode"] = changes.mode
+        if "skills" in given and changes.skills is not None:
+            update["skills"] = tuple(changes.skills)
+        if "grant" in given:
+            update["grant"] = changes.grant
+        changed = await self.store.update_agent(agent.model_copy(update=update))
+        await self._audited(caller, UseCase.AGENTS_UPDATE, org_id, agent=changed, args=args)
+        return changed
+
+    def _check_tools(self, names: Iterable[str]) -> None:
+        unknown = [t for t in names if self.registry.get(t) is None]
+        if unknown:
+            raise InvalidRequestError(f"unknown tools: {', '.join(unknown)}")
+
+    # tasks --------------------------------------------------------------------------------
 
     async def start_run(
         self,
@@ -308,23 +456,17 @@ class Runtime:
         max_steps: int | None = None,
         name: str = "",
         caller_id: str | None = None,
-        requested_by: str | None = None,
         contact_context: dict[str, Any] | None = None,
+        principal: Principal | None = None,
     ) -> TaskRun:
-        """Validate and record a new RUNNING task run (nothing is executed yet).
+        """Validate and record a new RUNNING task run (nothing is executed yet; hand its id
+        to an ``Executor``, or call :meth:`drive_run`).
 
-        ``caller_id`` is the person the run acts for, ``requested_by`` the principal that
-        asked for it; ``contact_context`` (a JSON object, at most 8 KiB) is shown to the
+        ``caller_id`` is the person the run acts for; the calling principal is recorded as
+        ``requested_by``. ``contact_context`` (a JSON object, at most 8 KiB) is shown to the
         agent with the goal."""
-        _, run = await self._start(
-            org_id,
-            agent_ref,
-            goal,
-            max_steps,
-            name,
-            caller_id,
-            requested_by=requested_by,
-            contact_context=contact_context,
+        _, _, run = await self._start(
+            org_id, agent_ref, goal, max_steps, name, caller_id, contact_context, principal
         )
         return run
 
@@ -336,10 +478,13 @@ class Runtime:
         max_steps: int | None,
         name: str,
         caller_id: str | None,
-        *,
-        requested_by: str | None = None,
-        contact_context: dict[str, Any] | None = None,
-    ) -> tuple[Agent, TaskRun]:
+        contact_context: dict[str, Any] | None,
+        principal: Principal | None,
+    ) -> tuple[Principal, Agent, TaskRun]:
+        args: dict[str, Any] = {"agent": str(agent_ref), "max_steps": max_steps}
+        caller, agent = await self._agent_for(
+            principal, UseCase.TASKS_SUBMIT, org_id, agent_ref, args=args
+        )
         if not goal or not goal.strip():
             raise InvalidRequestError("the goal is empty")
         if contact_context is not None:
@@ -356,7 +501,6 @@ class Runtime:
             raise InvalidRequestError(
                 f"max_steps must be between 1 and {self.settings.max_steps_limit}, got {steps}"
             )
-        agent = await self.store.get_agent(org_id, agent_ref)
         if agent.mode is not AgentMode.AUTONOMOUS:
             # An interactive agent acts for a person (agent grant ∩ caller grant); running
             # it alone would act with the agent's grant only.
@@ -371,10 +515,14 @@ class Runtime:
             goal=goal.strip(),
             max_steps=steps,
             caller_id=caller_id,
-            requested_by=requested_by,
+            requested_by=caller.id,
             contact_context=contact_context or None,
         )
-        return agent, await self.store.create_run(run)
+        created = await self.store.create_run(run)
+        await self._audited(
+            caller, UseCase.TASKS_SUBMIT, org_id, agent=agent, args=args, run_id=created.id
+        )
+        return caller, agent, created
 
     async def run_autonomous(
         self,
@@ -386,10 +534,69 @@ class Runtime:
         name: str = "",
         caller_id: str | None = None,
         on_step: StepCallback | None = None,
+        principal: Principal | None = None,
     ) -> TaskRun:
-        """Run an agent autonomously against ``goal`` until it finishes or the budget ends."""
-        agent, run = await self._start(org_id, agent_ref, goal, max_steps, name, caller_id)
-        return await self._drive(agent, run, on_step)
+        """Run an agent autonomously against ``goal`` here, until it finishes or the budget
+        ends (``start_run`` + ``drive_run``)."""
+        _, agent, run = await self._start(
+            org_id, agent_ref, goal, max_steps, name, caller_id, None, principal
+        )
+        return await self.cycle.drive(agent, run, on_step)
+
+    async def resume_run(
+        self,
+        org_id: str,
+        run_id: UUID,
+        *,
+        on_step: StepCallback | None = None,
+        principal: Principal | None = None,
+    ) -> TaskRun:
+        """Continue a RUNNING run here, after its last recorded step (a run already ended is
+        returned as it is)."""
+        caller = await self._authorize(principal, UseCase.TASKS_RESUME, org_id)
+        run = await self.store.get_run(org_id, run_id)
+        if run.status is RunStatus.RUNNING:
+            await self._audited(caller, UseCase.TASKS_RESUME, org_id, run_id=run.id)
+            return await self.cycle.resume(org_id, run_id, on_step=on_step)
+        return run
+
+    async def list_runs(
+        self,
+        org_id: str,
+        *,
+        agent_ref: UUID | str | None = None,
+        limit: int = 50,
+        principal: Principal | None = None,
+    ) -> list[TaskRun]:
+        """Recent task runs, newest first (without their step logs)."""
+        await self._authorize(principal, UseCase.TASKS_LIST, org_id)
+        agent_id = None if agent_ref is None else (await self.store.get_agent(org_id, agent_ref)).id
+        return await self.store.list_runs(org_id, agent_id, limit=limit)
+
+    async def get_run(
+        self, org_id: str, run_id: UUID, *, principal: Principal | None = None
+    ) -> TaskRun:
+        """A run with its step log."""
+        await self._authorize(principal, UseCase.TASKS_GET, org_id)
+        return await self.store.get_run(org_id, run_id)
+
+    async def run_status(
+        self, org_id: str, run_id: UUID, *, principal: Principal | None = None
+    ) -> RunStatus:
+        """Only a run's status (one row): what a long poll reads."""
+        await self._authorize(principal, UseCase.TASKS_GET, org_id)
+        return await self.store.run_status(org_id, run_id)
+
+    # executor seam: work a use case already admitted ------------------------------------
+
+    async def drive_run(
+        self, org_id: str, run_id: UUID, *, on_step: StepCallback | None = None
+    ) -> TaskRun:
+        """Drive a RUNNING run to a terminal state, continuing after its last recorded step.
+
+        For executors (the run was authorised when it was started); people resume runs
+        with :meth:`resume_run`."""
+        return await self.cycle.resume(org_id, run_id, on_step=on_step)
 
     async def fail_run(self, org_id: str, run_id: UUID, reason: str) -> TaskRun:
         """Give up on a RUNNING run: it becomes FAILED with ``reason`` (a supervisor that
@@ -399,232 +606,6 @@ class Runtime:
         await self.store.fail_run(org_id, run_id, reason)
         return await self.store.get_run(org_id, run_id)
 
-    async def drive_run(
-        self, org_id: str, run_id: UUID, *, on_step: StepCallback | None = None
-    ) -> TaskRun:
-        """Drive a RUNNING run to a terminal state, continuing after its last recorded step."""
-        run = await self.store.get_run(org_id, run_id)
-        if run.status is not RunStatus.RUNNING:
-            return run
-        agent = await self.store.get_agent(org_id, run.agent_id)
-        observations = [s.observation for s in run.steps if s.observation is not None]
-        step_index = len(run.steps)
-        # A side-effecting step whose process died after it began acting is decided again,
-        # not re-executed, and the model is told its effect is unknown. The intent is
-        # consumed in the same transaction as the audit row that keeps the evidence; a
-        # retried call carries the same idempotency key.
-        async with self.db.transaction() as conn:
-            interrupted = await self.store.take_intent(conn, org_id, run.id, step_index)
-            if interrupted is not None:
-                note = self._interrupted(run, step_index, interrupted)
-                ctx = InvocationContext(
-                    agent=agent,
-                    caller=None,
-                    mode=AgentMode.AUTONOMOUS,
-                    run_id=run.id,
-                    step_index=step_index,
-                )
-                audit = self.dispatcher.audit_entry(
-                    ctx, interrupted, status="INTERRUPTED", reason=note.summary
-                )
-                await self.store.insert_audit(conn, audit)
-                observations.append(note)
-        return await self._drive(agent, run, on_step, observations)
-
-    @staticmethod
-    def _interrupted(run: TaskRun, step_index: int, action: AgentAction) -> Observation:
-        summary = (
-            f"interrupted: the process stopped while {action.tool} was running; it may or may "
-            f"not have taken effect (idempotency key {run.id}:{step_index})"
-        )
-        log.warning("run %s step %d: %s", run.id, step_index, summary)
-        return Observation(
-            tool=action.tool,
-            action_type=action.action_type,
-            status=ObservationStatus.ERROR,
-            summary=summary,
-            step_index=step_index,
-        )
-
-    async def _drive(
-        self,
-        agent: Agent,
-        run: TaskRun,
-        on_step: StepCallback | None,
-        observations: list[Observation] | None = None,
-    ) -> TaskRun:
-        steps = list(run.steps)
-        if observations is None:
-            observations = [s.observation for s in steps if s.observation is not None]
-        with tracer.start_as_current_span(
-            "cortex.run", attributes={"cortex.run_id": str(run.id), "cortex.org": run.org_id}
-        ):
-            for step_index in range(len(steps), run.max_steps):
-                step, final = await self._autonomous_step(
-                    agent, run, step_index, observations, on_step
-                )
-                steps.append(step)
-                if final is not None:
-                    return final.model_copy(update={"steps": tuple(steps)})
-            final = await self._finish(
-                agent,
-                run,
-                RunStatus.FAILED,
-                reason=f"step budget of {run.max_steps} exhausted before the goal was met",
-            )
-        return final.model_copy(update={"steps": tuple(steps)})
-
-    async def _autonomous_step(
-        self,
-        agent: Agent,
-        run: TaskRun,
-        step_index: int,
-        observations: list[Observation],
-        on_step: StepCallback | None,
-    ) -> tuple[Step, TaskRun | None]:
-        """One cycle: its ledger row, and the finished run when it reached a terminal state."""
-        with tracer.start_as_current_span("cortex.step", attributes={"cortex.step": step_index}):
-            wm = await self.assembler.assemble(  # PERCEIVE
-                agent=agent,
-                mode=AgentMode.AUTONOMOUS,
-                objective=run.objective(),
-                observations=observations,
-                step_index=step_index,
-                max_steps=run.max_steps,
-            )
-            decision = await self.autonomous.decide(wm)  # DECIDE
-            if decision.kind is DecisionKind.FINISH:
-                step = Step(
-                    run_id=run.id,
-                    step_index=step_index,
-                    decision=DecisionKind.FINISH,
-                    candidates=decision.candidates,
-                    selected=decision.selected,
-                    message=decision.message or decision.reason,
-                )
-                status = RunStatus.FAILED if decision.failed else RunStatus.COMPLETED
-                final = await self._finish(
-                    agent,
-                    run,
-                    status,
-                    result=None if decision.failed else decision.message,
-                    reason=decision.reason,
-                    step=step,
-                )
-                await _notify(on_step, step)
-                return step, final
-
-            assert decision.action is not None
-            ctx = InvocationContext(
-                agent=agent,
-                caller=None,
-                mode=AgentMode.AUTONOMOUS,
-                run_id=run.id,
-                step_index=step_index,
-            )
-            tool = self.registry.get(decision.action.tool)
-            side_effects = tool is not None and not tool.idempotent
-            if side_effects:
-                # Durable before acting: if the process dies now, resume knows this step
-                # began and decides it again instead of blindly repeating it.
-                await self.store.insert_intent(run.org_id, run.id, step_index, decision.action)
-            dispatch = await self.dispatcher.execute(
-                ctx, decision.action.tool, decision.action.args
-            )  # ACT
-            observation = dispatch.observation  # OBSERVE
-            observations.append(observation)
-            step = Step(
-                run_id=run.id,
-                step_index=step_index,
-                decision=DecisionKind.ACT,
-                candidates=decision.candidates,
-                selected=decision.selected,
-                action=decision.action,
-                action_type=observation.action_type,
-                observation=observation,
-            )
-            with tracer.start_as_current_span("cortex.learn"):  # LEARN
-                prepared = await self.memory.prepare(
-                    org_id=run.org_id,
-                    agent_id=agent.id,
-                    kind=MemoryKind.EPISODIC,
-                    content=_step_memory_text(step_index, decision, observation),
-                    run_id=run.id,
-                    step_index=step_index,
-                    metadata={"tool": observation.tool, "status": observation.status.value},
-                )
-                async with self.db.transaction() as conn:
-                    await self.store.insert_step(conn, run.org_id, step)
-                    await self.store.insert_audit(conn, dispatch.audit)
-                    await self.memory.write_prepared(conn, [prepared])
-                    if side_effects:
-                        await self.store.clear_intent(conn, run.org_id, run.id, step_index)
-            await _notify(on_step, step)
-            if dispatch.refused_as_invalid:
-                # Never executed; end the run safely rather than loop on a broken plan.
-                final = await self._finish(
-                    agent,
-                    run,
-                    RunStatus.FAILED,
-                    reason=f"step {step_index + 1}: {observation.summary}",
-                )
-                return step, final
-            return step, None
-
-    async def _finish(
-        self,
-        agent: Agent,
-        run: TaskRun,
-        status: RunStatus,
-        *,
-        result: str | None = None,
-        reason: str | None = None,
-        step: Step | None = None,
-    ) -> TaskRun:
-        """Record the terminal state and the run's EPISODIC result in one transaction."""
-        outcome = result if status is RunStatus.COMPLETED else reason
-        prepared = await self.memory.prepare(
-            org_id=run.org_id,
-            agent_id=agent.id,
-            kind=MemoryKind.EPISODIC,
-            content=f"Run '{run.goal[:200]}' {status.value.lower()}: {outcome or ''}".strip(),
-            run_id=run.id,
-            step_index=None,
-            metadata={"run_status": status.value, "result": True},
-        )
-        async with self.db.transaction() as conn:
-            if step is not None:
-                await self.store.insert_step(conn, run.org_id, step)
-            finished_at = await self.store.finish_run(
-                conn, run.org_id, run.id, status, result=result, reason=reason
-            )
-            await self.memory.write_prepared(conn, [prepared])
-        log.info("run %s %s: %s", run.id, status.value, outcome)
-        return run.model_copy(
-            update={
-                "status": status,
-                "result": result,
-                "reason": reason,
-                "finished_at": finished_at,
-            }
-        )
-
-    # interactive --------------------------------------------------------------------------
-
-    async def open_session(self, org_id: str, agent_ref: UUID | str, caller: Principal) -> Session:
-        agent = await self.store.get_agent(org_id, agent_ref)
-        if agent.mode is not AgentMode.INTERACTIVE:
-            raise InvalidRequestError(
-                f"agent {agent.name!r} is {agent.mode.value}; set its mode to INTERACTIVE "
-                "to talk with it"
-            )
-        if caller.org_id != org_id:
-            raise InvalidRequestError("the caller belongs to another organisation")
-        await self.store.put_principal(caller)
-        return await self.store.create_session(
-            Session(org_id=org_id, agent_id=agent.id, caller_id=caller.id)
-        )
-
     async def run_turn(
         self,
         session: Session,
@@ -633,134 +614,98 @@ class Runtime:
         *,
         on_event: TurnEventSink | None = None,
     ) -> TurnResult:
-        """One interactive turn: tool rounds through the gate, then a reply (a dialogue action).
-
-        ``on_event`` hears each tool call, its observation, and the reply or refusal as they
-        happen (the HTTP API streams them as server-sent events)."""
-        if not message.strip():
-            raise InvalidRequestError("the message is empty")
-        session = await self.store.get_session(session.org_id, session.id)
-        if caller.id != session.caller_id or caller.org_id != session.org_id:
-            raise AccessDeniedError("only the session's own caller may talk in it")
-        if session.status is not SessionStatus.OPEN:
-            raise ConflictError(f"session {session.id} has ended")
-        emit = TurnEventRelay(on_event, f"session {session.id}")
-        agent = await self.store.get_agent(session.org_id, session.agent_id)
-        history = await self.store.conversation(
-            session.org_id, session.id, limit=self.settings.conversation_window
-        )
-        user_turn = Turn(role="user", content=message)
-        ctx = InvocationContext(
-            agent=agent, caller=caller, mode=AgentMode.INTERACTIVE, session_id=session.id
-        )
-        observations: list[Observation] = []
-        new_turns: list[Turn] = [user_turn]
-        audits = []
-        reply: str | None = None
-        refused: str | None = None
-        with tracer.start_as_current_span(
-            "cortex.turn", attributes={"cortex.session": str(session.id)}
-        ):
-            for round_index in range(self.settings.max_tool_rounds + 1):
-                wm = await self.assembler.assemble(  # PERCEIVE
-                    agent=agent,
-                    mode=AgentMode.INTERACTIVE,
-                    objective=message,
-                    caller=caller,
-                    observations=observations,
-                    conversation=[*history, user_turn],
-                )
-                # The last round may only reply: the bound on tool rounds.
-                last = round_index == self.settings.max_tool_rounds
-                decision = await self.interactive.decide(wm, allow_tools=not last)  # DECIDE
-                if decision.kind is DecisionKind.ACT and decision.action is not None:
-                    action = decision.action
-                    await emit(
-                        TurnEvent(
-                            kind=TurnEventKind.TOOL_CALL,
-                            round=round_index,
-                            tool=action.tool,
-                            args=action.args,
-                        )
-                    )
-                    dispatch = await self.dispatcher.execute(ctx, action.tool, action.args)  # ACT
-                    await emit(
-                        TurnEvent(
-                            kind=TurnEventKind.OBSERVATION,
-                            round=round_index,
-                            tool=action.tool,
-                            observation=dispatch.observation,
-                        )
-                    )
-                    observations.append(dispatch.observation)
-                    audits.append(dispatch.audit)
-                    new_turns.append(
-                        Turn(
-                            role="tool",
-                            content=dispatch.observation.summary,
-                            tool=action.tool,
-                        )
-                    )
-                    continue
-                if decision.failed or not decision.message:
-                    refused = decision.reason
-                    break
-                dispatch = await self.dispatcher.execute(
-                    ctx, "reply", {"message": decision.message}
-                )
-                audits.append(dispatch.audit)
-                if dispatch.observation.status is ObservationStatus.OK:
-                    reply = decision.message
-                    new_turns.append(Turn(role="assistant", content=reply))
-                else:
-                    refused = dispatch.observation.summary
-                break
-            if reply is not None:
-                await emit(TurnEvent(kind=TurnEventKind.REPLY, round=round_index, text=reply))
-            else:
-                await emit(
-                    TurnEvent(
-                        kind=TurnEventKind.REFUSED, round=round_index, text=refused or "no reply"
-                    )
-                )
-        # LEARN: one EPISODIC record per turn, in the same transaction as the messages.
-        tools_used = ", ".join(f"{o.tool}:{o.status.value}" for o in observations) or "none"
-        prepared = await self.memory.prepare(
-            org_id=session.org_id,
-            agent_id=agent.id,
-            kind=MemoryKind.EPISODIC,
-            content=f"{caller.name or caller.id} said: {message[:1000]}\nI replied: "
-            f"{(reply or refused or '')[:1000]}\nTools: {tools_used}",
-            session_id=session.id,
-            metadata={"turn": True, "caller": caller.id},
-        )
-        async with self.db.transaction() as conn:
-            await self.store.append_messages(conn, session.org_id, session.id, new_turns)
-            for audit in audits:
-                await self.store.insert_audit(conn, audit)
-            await self.memory.write_prepared(conn, [prepared])
-        return TurnResult(
-            session_id=session.id, reply=reply, observations=tuple(observations), refused=refused
-        )
+        """One interactive turn of ``caller`` (who must be the session's own caller):
+        tool rounds through the gate, then a reply. See ``DecisionCycle.turn``."""
+        return await self.cycle.turn(session, caller, message, on_event=on_event)
 
     async def end_session(self, session: Session) -> list[MemoryRecord]:
-        """End a session; the extraction pass writes the semantic facts it finds."""
-        session = await self.store.get_session(session.org_id, session.id)
-        if session.status is SessionStatus.ENDED:
-            return []
-        conversation = await self.store.conversation(session.org_id, session.id)
-        facts = await self.memory.extract_facts(
-            org_id=session.org_id,
-            agent_id=session.agent_id,
-            session_id=session.id,
-            conversation=conversation,
-            model=self.model,
-        )
-        async with self.db.transaction() as conn:
-            await self.store.end_session(conn, session.org_id, session.id, utcnow())
-        return facts
+        """End a session; the extraction pass writes the semantic facts it finds. For
+        executors and in-process callers; people end sessions through
+        :meth:`authorize_end_session` first."""
+        return await self.learner.end_session(session, self.model)
 
-    # direct tool calls --------------------------------------------------------------------
+    # sessions -----------------------------------------------------------------------------
+
+    async def open_session(self, org_id: str, agent_ref: UUID | str, caller: Principal) -> Session:
+        """Open a conversation between ``caller`` and an INTERACTIVE agent."""
+        caller, agent = await self._agent_for(caller, UseCase.SESSIONS_OPEN, org_id, agent_ref)
+        if agent.mode is not AgentMode.INTERACTIVE:
+            raise InvalidRequestError(
+                f"agent {agent.name!r} is {agent.mode.value}; set its mode to INTERACTIVE "
+                "to talk with it"
+            )
+        await self.store.put_principal(caller)
+        session = await self.store.create_session(
+            Session(org_id=org_id, agent_id=agent.id, caller_id=caller.id)
+        )
+        await self._audited(
+            caller, UseCase.SESSIONS_OPEN, org_id, agent=agent, session_id=session.id
+        )
+        return session
+
+    async def _session_for(
+        self, principal: Principal | None, use_case: UseCase, org_id: str, session_id: UUID
+    ) -> tuple[Principal, Session]:
+        caller = principal or Principal.operator(org_id)
+        if caller.org_id != org_id:
+            await self._authorize(caller, use_case, org_id, session_id=session_id)
+        session = await self.store.get_session(org_id, session_id)
+        caller = await self._authorize(
+            caller, use_case, org_id, owner_id=session.caller_id, session_id=session_id
+        )
+        return caller, session
+
+    async def get_session(
+        self, org_id: str, session_id: UUID, *, principal: Principal | None = None
+    ) -> Session:
+        """A session (its caller, or an admin)."""
+        _, session = await self._session_for(principal, UseCase.SESSIONS_READ, org_id, session_id)
+        return session
+
+    async def conversation(
+        self, org_id: str, session_id: UUID, *, principal: Principal | None = None
+    ) -> list[Turn]:
+        """The conversation so far (its caller, or an admin)."""
+        await self._session_for(principal, UseCase.SESSIONS_READ, org_id, session_id)
+        return await self.store.conversation(org_id, session_id)
+
+    async def authorize_turn(self, org_id: str, session_id: UUID, principal: Principal) -> Session:
+        """Admit a message: only the session's own caller, only while it is open
+        (``ConflictError`` once it ended). The turn itself runs in an executor."""
+        _, session = await self._session_for(
+            principal, UseCase.SESSIONS_MESSAGE, org_id, session_id
+        )
+        if session.status is not SessionStatus.OPEN:
+            raise ConflictError(f"session {session_id} has ended")
+        return session
+
+    async def authorize_end_session(
+        self, org_id: str, session_id: UUID, *, principal: Principal | None = None
+    ) -> Session:
+        """Admit ending a session (its caller, or an admin); the executor then ends it."""
+        caller, session = await self._session_for(
+            principal, UseCase.SESSIONS_END, org_id, session_id
+        )
+        await self._audited(caller, UseCase.SESSIONS_END, org_id, session_id=session_id)
+        return session
+
+    # tools --------------------------------------------------------------------------------
+
+    async def list_tools(
+        self,
+        org_id: str,
+        *,
+        agent_ref: UUID | str | None = None,
+        principal: Principal | None = None,
+    ) -> list[ToolSpec]:
+        """Every tool of this runtime, or (with ``agent_ref``) what the caller may use with
+        that agent: the agent's grant ∩ the caller's grant."""
+        if agent_ref is None:
+            await self._authorize(principal, UseCase.TOOLS_LIST, org_id)
+            tools = (self.registry.get(name) for name in self.registry.names())
+            return [self.registry.spec(tool) for tool in tools if tool is not None]
+        caller, agent = await self._agent_for(principal, UseCase.TOOLS_LIST, org_id, agent_ref)
+        return self.dispatcher.action_space(agent, caller, AgentMode.INTERACTIVE)
 
     async def invoke_tool(
         self,
@@ -770,64 +715,199 @@ class Runtime:
         tool: str,
         args: dict[str, Any],
     ) -> Observation:
-        """A direct call (not chosen by a model), through the same gate, as ``caller``."""
-        agent = await self.store.get_agent(org_id, agent_ref)
+        """A direct call (not chosen by a model), as ``caller``, through the invocation gate,
+        which decides it (agent grant ∩ caller grant) and audits it like any call.
+
+        Raises:
+            NotFoundError: No tool of that name here.
+        """
         if caller.org_id != org_id:
             raise InvalidRequestError("the caller belongs to another organisation")
+        if self.registry.get(tool) is None:
+            raise NotFoundError(f"unknown tool {tool!r}")
+        agent = await self.store.get_agent(org_id, agent_ref)
         ctx = InvocationContext(agent=agent, caller=caller, mode=AgentMode.INTERACTIVE)
         return await self.dispatcher.invoke(ctx, tool, args)
+
+    # memory -------------------------------------------------------------------------------
+
+    async def search_memory(
+        self,
+        org_id: str,
+        agent_ref: UUID | str,
+        query: str,
+        *,
+        k: int = 5,
+        kinds: Sequence[MemoryKind] | None = None,
+        valid_at: datetime | None = None,
+        known_at: datetime | None = None,
+        principal: Principal | None = None,
+    ) -> tuple[Agent, list[ScoredMemory]]:
+        """Recall an agent's long-term memory (α·similarity + β·recency + γ·importance), as
+        of a time if asked. Admins, or a caller who may use ``memory_search`` with it."""
+        args = {"query": query[:200], "k": k}
+        caller, agent = await self._agent_for(
+            principal, UseCase.MEMORY_SEARCH, org_id, agent_ref, args=args
+        )
+        hits = await self.memory.recall(
+            org_id=org_id,
+            agent_id=agent.id,
+            query=query,
+            k=k,
+            kinds=list(kinds) if kinds else None,
+            valid_at=valid_at,
+            known_at=known_at,
+        )
+        await self._audited(caller, UseCase.MEMORY_SEARCH, org_id, agent=agent, args=args)
+        return agent, hits
+
+    async def list_facts(
+        self,
+        org_id: str,
+        agent_ref: UUID | str,
+        *,
+        valid_at: datetime | None = None,
+        known_at: datetime | None = None,
+        principal: Principal | None = None,
+    ) -> tuple[Agent, list[MemoryRecord]]:
+        """The agent's semantic facts (latest per subject, or as of a time); the same right
+        as memory search."""
+        args = {"facts": True}
+        caller, agent = await self._agent_for(
+            principal, UseCase.MEMORY_SEARCH, org_id, agent_ref, args=args
+        )
+        facts = await self.memory.facts(
+            org_id=org_id, agent_id=agent.id, valid_at=valid_at, known_at=known_at
+        )
+        await self._audited(caller, UseCase.MEMORY_SEARCH, org_id, agent=agent, args=args)
+        return agent, facts
+
+    async def list_proposals(
+        self,
+        org_id: str,
+        agent_ref: UUID | str,
+        *,
+        status: ProposalStatus | None = None,
+        principal: Principal | None = None,
+    ) -> list[ProceduralProposal]:
+        """An agent's proposed procedural edits (persona, skills), oldest first."""
+        _, agent = await self._agent_for(principal, UseCase.PROPOSALS_LIST, org_id, agent_ref)
+        return await self.memory.proposals(org_id=org_id, agent_id=agent.id, status=status)
+
+    async def decide_proposal(
+        self,
+        org_id: str,
+        proposal_id: UUID,
+        *,
+        approve: bool,
+        principal: Principal | None = None,
+    ) -> ProceduralProposal:
+        """Approve or reject a proposed procedural edit (an admin person): approval changes
+        the agent and records a PROCEDURAL memory, in one transaction."""
+        args = {"proposal": str(proposal_id), "approve": approve}
+        caller = await self._authorize(principal, UseCase.PROPOSALS_DECIDE, org_id, args=args)
+        decided = await self.memory.decide_proposal(
+            org_id=org_id, proposal_id=proposal_id, approver=caller, approve=approve
+        )
+        await self._audited(caller, UseCase.PROPOSALS_DECIDE, org_id, args=args)
+        return decided
+
+    # knowledge ----------------------------------------------------------------------------
+
+    async def search_knowledge(
+        self,
+        org_id: str,
+        query: str,
+        *,
+        collection: Sequence[str] | None = None,
+        k: int = 10,
+        fusion: Fusion | None = None,
+        rerank: bool = True,
+        principal: Principal | None = None,
+    ) -> SearchResult:
+        """Hybrid search over the organisation's published knowledge, every hit cited.
+        Admins, or callers granted ``knowledge_search``.
+
+        Raises:
+            UnavailableError: This runtime has no knowledge store (embedder dimension).
+        """
+        args = {"query": query[:200], "k": k, "collection": list(collection or ())}
+        caller = await self._authorize(principal, UseCase.KNOWLEDGE_SEARCH, org_id, args=args)
+        if self.knowledge is None:
+            raise UnavailableError("this runtime has no knowledge store (embedder dimension)")
+        for name in collection or ():
+            if not name or "\x00" in name or len(name) > 128:
+                raise InvalidRequestError("collection: 1 to 128 characters, no NUL")
+        result = await self.knowledge.search(
+            org_id, query, collection=list(collection) if collection else None, k=k,
+            fusion=fusion, rerank=rerank,
+        )  # fmt: skip
+        await self._audited(caller, UseCase.KNOWLEDGE_SEARCH, org_id, args=args)
+        return result
+
+    # principals and API keys ------------------------------------------------------------
+
+    async def authenticate(self, key: str) -> Principal | None:
+        """The principal of a bearer API key, or ``None`` for an unknown or revoked one."""
+        return await self.store.principal_for_api_key(key)
+
+    async def create_api_key(
+        self,
+        org_id: str,
+        principal_id: str,
+        *,
+        name: str = "",
+        admin: bool | None = None,
+        grant: Iterable[str] | None = None,
+        kind: PrincipalKind = PrincipalKind.USER,
+        principal: Principal | None = None,
+    ) -> ApiKeyCreated:
+        """A bearer key for ``principal_id`` (admin only), shown once; only its hash is kept.
+
+        A new principal gets what the arguments say (no ``grant``: no tools, fail closed);
+        for an existing one, ``admin`` and ``grant`` replace its settings when given."""
+        args = {"principal": principal_id, "name": name, "admin": admin}
+        caller = await self._authorize(principal, UseCase.API_KEYS_CREATE, org_id, args=args)
+        if kind is PrincipalKind.AGENT:
+            raise InvalidRequestError("API keys are for users and services, not agents")
+        try:
+            existing: Principal | None = await self.store.get_principal(org_id, principal_id)
+        except NotFoundError:
+            existing = None
+        is_admin = admin if admin is not None else bool(existing and existing.is_admin)
+        policy = existing.grant if existing else None
+        if grant is not None:
+            policy = Grant(tools=frozenset(grant))
+        try:
+            wanted = Principal(
+                id=principal_id,
+                org_id=org_id,
+                kind=kind,
+                name=existing.name if existing else principal_id,
+                is_admin=is_admin,
+                grant=policy,
+            )
+        except ValidationError as exc:
+            raise InvalidRequestError(f"invalid principal: {_first_error(exc)}") from exc
+        if existing != wanted:
+            await self.store.put_principal(wanted)
+        key, key_id = await self.store.create_api_key(wanted, name)
+        await self._audited(
+            caller, UseCase.API_KEYS_CREATE, org_id, args={**args, "key_id": str(key_id)}
+        )
+        return ApiKeyCreated(key=key, key_id=key_id, principal=wanted)
+
+    async def revoke_api_key(
+        self, org_id: str, key_id: UUID, *, principal: Principal | None = None
+    ) -> None:
+        """Revoke a key (admin only): requests with it are refused from then on."""
+        args = {"key_id": str(key_id)}
+        caller = await self._authorize(principal, UseCase.API_KEYS_REVOKE, org_id, args=args)
+        await self.store.revoke_api_key(org_id, key_id)
+        await self._audited(caller, UseCase.API_KEYS_REVOKE, org_id, args=args)
 
 
 def _first_error(exc: ValidationError) -> str:
     error = exc.errors()[0]
     where = ".".join(str(p) for p in error.get("loc", ())) or "value"
     return f"{where}: {error.get('msg', 'invalid')}"
-
-
-async def _notify(callback: StepCallback | None, step: Step) -> None:
-    if callback is None:
-        return
-    result = callback(step)
-    if result is not None:
-        await result
-
-
-async def events_until(running: asyncio.Future[Any], events: asyncio.Queue[E]) -> AsyncIterator[E]:
-    """Yield what is put on ``events`` as it arrives, until ``running`` ends, then what is
-    left: how a turn's events cross from the task running it to a stream (the actor's
-    generator, the API's server-sent events). ``running`` is never cancelled here."""
-    while not running.done():
-        waiting = asyncio.ensure_future(events.get())
-        try:
-            await asyncio.wait({waiting, running}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not waiting.done():
-                waiting.cancel()
-        if waiting.done() and not waiting.cancelled():
-            yield waiting.result()
-    while not events.empty():
-        yield events.get_nowait()
-
-
-class TurnEventRelay:
-    """Delivers turn events to a sink until the sink fails once (then drops them, logged):
-    a caller that stopped listening never stops the turn."""
-
-    def __init__(self, sink: TurnEventSink | None, label: str) -> None:
-        self._sink = sink
-        self._label = label
-
-    async def __call__(self, event: TurnEvent) -> None:
-        if self._sink is None:
-            return
-        try:
-            result = self._sink(event)
-            if result is not None:
-                await result
-        except Exception:
-            log.warning(
-                "%s: the turn-event sink failed; the turn goes on without it",
-                self._label,
-                exc_info=True,
-            )
-            self._sink = None

@@ -15,9 +15,11 @@ from uuid import UUID, uuid4
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "OPERATOR_ID",
     "ActionType",
     "Agent",
     "AgentAction",
+    "AgentChanges",
     "AgentMode",
     "Candidate",
     "Decision",
@@ -102,6 +104,35 @@ class Principal(_Model):
     kind: PrincipalKind = PrincipalKind.USER
     name: str = ""
     is_admin: bool = False
+    grant: Grant | None = None
+
+    @classmethod
+    def operator(cls, org_id: str) -> Principal:
+        """The person at this machine: what in-process callers (the CLI, Python code that
+        holds the database) act as when they name no principal. An admin with every tool;
+        audited as ``operator``. The HTTP API never uses it: its callers authenticate."""
+        return cls(
+            id=OPERATOR_ID,
+            org_id=org_id,
+            kind=PrincipalKind.USER,
+            name="local operator",
+            is_admin=True,
+            grant=Grant(tools=frozenset({"*"})),
+        )
+
+
+OPERATOR_ID = "operator"
+"""The principal id of ``Principal.operator``."""
+
+
+class AgentChanges(_Model):
+    """A partial update of an agent: only the fields that are set change
+    (``model_fields_set``); ``grant=None`` set explicitly removes the grant (deny all)."""
+
+    mode: AgentMode | None = None
+    persona: str | None = None
+    tools: tuple[str, ...] | None = None
+    skills: tuple[str, ...] | None = None
     grant: Grant | None = None
 
 

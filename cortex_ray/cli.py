@@ -45,9 +45,9 @@ from cortex_ray._types import (
     Agent,
     AgentMode,
     DecisionKind,
-    Grant,
     Principal,
     PrincipalKind,
+    ProposalStatus,
     RunStatus,
     Step,
     TaskRun,
@@ -87,7 +87,12 @@ runs_app = typer.Typer(help="Inspect autonomous runs.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys for the HTTP API (bearer keys).", no_args_is_help=True)
 app.add_typer(agents_app, name="agents")
 app.add_typer(runs_app, name="runs")
+proposals_app = typer.Typer(
+    help="Proposed edits of agents' procedural memory (persona, skills): list, approve, reject.",
+    no_args_is_help=True,
+)
 app.add_typer(keys_app, name="api-keys")
+app.add_typer(proposals_app, name="proposals")
 
 
 class Mode(StrEnum):
@@ -164,11 +169,11 @@ async def _runtime(*, with_models: bool) -> AsyncIterator[Runtime]:
         await runtime.close()
 
 
-def _parse_run_id(value: str) -> UUID:
+def _parse_uuid(value: str, what: str) -> UUID:
     try:
         return UUID(value)
     except ValueError:
-        raise InvalidRequestError(f"not a run id: {value!r}") from None
+        raise InvalidRequestError(f"not a {what} id: {value!r}") from None
 
 
 def _configure_output(verbose: bool) -> None:
@@ -300,15 +305,20 @@ async def _run_live(
 ) -> TaskRun:
     """Run autonomously, printing each step as it lands under a spinner on stderr.
 
-    ``start_run`` then ``drive_run`` is what ``run_autonomous`` does; split, the run id is
+    ``start_run`` then ``resume_run`` is what ``run_autonomous`` does; split, the run id is
     known before the first step, so it can be shown at once and named if interrupted.
     """
-    run = await runtime.start_run(org, agent.id, goal, max_steps=max_steps, name=name)
-    return await _drive_live(runtime, org, run, agent)
+    run = await runtime.start_run(
+        org, agent.id, goal, max_steps=max_steps, name=name, principal=_operator(org)
+    )
+    return await _drive_live(runtime, org, run, agent, resume=False)
 
 
-async def _drive_live(runtime: Runtime, org: str, run: TaskRun, agent: Agent) -> TaskRun:
-    """Drive a RUNNING run from its next step, printing each step as it lands."""
+async def _drive_live(
+    runtime: Runtime, org: str, run: TaskRun, agent: Agent, *, resume: bool
+) -> TaskRun:
+    """Drive a RUNNING run from its next step, printing each step as it lands. A run this
+    command just started is driven directly; resuming another is a use case of its own."""
     first = len(run.steps) + 1
     _err.print(
         Text(f"run {run.id}: {agent.name}, step {first} of at most {run.max_steps}"),
@@ -322,7 +332,9 @@ async def _drive_live(runtime: Runtime, org: str, run: TaskRun, agent: Agent) ->
 
     try:
         with status:
-            return await runtime.drive_run(org, run.id, on_step=on_step)
+            if not resume:
+                return await runtime.drive_run(org, run.id, on_step=on_step)
+            return await runtime.resume_run(org, run.id, on_step=on_step, principal=_operator(org))
     except asyncio.CancelledError:
         _err.print(Text(f"run {run.id} was interrupted and stays RUNNING"), soft_wrap=True)
         raise
@@ -349,6 +361,12 @@ def _org(ctx: typer.Context) -> str:
     return options.org
 
 
+def _operator(org: str) -> Principal:
+    """Who the CLI acts as: the person at this machine (an admin of ``org``; audited as
+    ``operator``). The core decides and audits every command as that principal."""
+    return Principal.operator(org)
+
+
 @app.command()
 def demo(
     ctx: typer.Context,
@@ -372,17 +390,18 @@ def demo(
 
 async def _demo_agent(runtime: Runtime, org: str) -> Agent:
     """The demo agent: reused by name, created on first use."""
+    operator = _operator(org)
     try:
-        return await runtime.store.get_agent(org, DEMO_AGENT)
+        return await runtime.get_agent(org, DEMO_AGENT, principal=operator)
     except NotFoundError:
         pass
     try:
         return await runtime.create_agent(
-            org, DEMO_AGENT, persona=DEMO_PERSONA, mode=AgentMode.AUTONOMOUS
+            org, DEMO_AGENT, persona=DEMO_PERSONA, mode=AgentMode.AUTONOMOUS, principal=operator
         )
     except InvalidRequestError:
         # Another process created it between our read and our write.
-        return await runtime.store.get_agent(org, DEMO_AGENT)
+        return await runtime.get_agent(org, DEMO_AGENT, principal=operator)
 
 
 @app.command("run")
@@ -400,7 +419,7 @@ def run_command(
 
     async def work() -> int:
         async with _runtime(with_models=True) as runtime:
-            found = await runtime.store.get_agent(org, agent)
+            found = await runtime.get_agent(org, agent, principal=_operator(org))
             run = await _run_live(runtime, org, found, goal, max_steps, name)
             _print_run(run, found.name)
             return _run_exit_code(run)
@@ -434,6 +453,7 @@ def agents_create(
                 mode=AgentMode(mode.value.upper()),
                 tools=tool or None,
                 skills=skill or (),
+                principal=_operator(org),
             )
         _out.print(Text(f"created agent {agent.name} ({agent.id})"), soft_wrap=True)
         _out.print(
@@ -451,7 +471,7 @@ def agents_list(ctx: typer.Context) -> None:
 
     async def work() -> int:
         async with _runtime(with_models=False) as runtime:
-            agents = await runtime.store.list_agents(org)
+            agents = await runtime.list_agents(org, principal=_operator(org))
         table = _list_table(f"agents in {org}")
         table.add_column("name", min_width=10, overflow="fold")
         table.add_column("id", no_wrap=True)
@@ -505,10 +525,11 @@ def runs_show(
     org = _org(ctx)
 
     async def work() -> int:
-        key = _parse_run_id(run_id)
+        key = _parse_uuid(run_id, "run")
+        operator = _operator(org)
         async with _runtime(with_models=False) as runtime:
-            run = await runtime.store.get_run(org, key)
-            agent = await runtime.store.get_agent(org, run.agent_id)
+            run = await runtime.get_run(org, key, principal=operator)
+            agent = await runtime.get_agent(org, run.agent_id, principal=operator)
         _print_run(run, agent.name)
         return 0
 
@@ -523,12 +544,13 @@ def runs_resume(
     org = _org(ctx)
 
     async def work() -> int:
-        key = _parse_run_id(run_id)
+        key = _parse_uuid(run_id, "run")
+        operator = _operator(org)
         async with _runtime(with_models=True) as runtime:
-            run = await runtime.store.get_run(org, key)
-            agent = await runtime.store.get_agent(org, run.agent_id)
+            run = await runtime.get_run(org, key, principal=operator)
+            agent = await runtime.get_agent(org, run.agent_id, principal=operator)
             if run.status is RunStatus.RUNNING:
-                run = await _drive_live(runtime, org, run, agent)
+                run = await _drive_live(runtime, org, run, agent, resume=True)
             else:
                 _err.print(Text(f"run {run.id} already ended: {run.status.value}"))
         _print_run(run, agent.name)
@@ -548,9 +570,9 @@ def runs_list(
 
     async def work() -> int:
         async with _runtime(with_models=False) as runtime:
-            agent_id = (await runtime.store.get_agent(org, agent)).id if agent else None
-            runs = await runtime.store.list_runs(org, agent_id, limit=limit)
-            names = {a.id: a.name for a in await runtime.store.list_agents(org)}
+            operator = _operator(org)
+            runs = await runtime.list_runs(org, agent_ref=agent, limit=limit, principal=operator)
+            names = {a.id: a.name for a in await runtime.list_agents(org, principal=operator)}
         table = _list_table(f"runs in {org}")
         table.add_column("id", no_wrap=True)
         table.add_column("status", no_wrap=True)
@@ -601,26 +623,16 @@ def keys_create(
 
     async def work() -> int:
         async with _runtime(with_models=False) as runtime:
-            store = runtime.store
-            try:
-                existing: Principal | None = await store.get_principal(org, principal)
-            except NotFoundError:
-                existing = None
-            is_admin = admin if admin is not None else bool(existing and existing.is_admin)
-            policy = existing.grant if existing else None
-            if grant is not None:
-                policy = Grant(tools=frozenset(grant))
-            wanted = Principal(
-                id=principal,
-                org_id=org,
+            created = await runtime.create_api_key(
+                org,
+                principal,
+                name=name,
+                admin=admin,
+                grant=grant,
                 kind=PrincipalKind(kind.value.upper()),
-                name=existing.name if existing else principal,
-                is_admin=is_admin,
-                grant=policy,
+                principal=_operator(org),
             )
-            if existing != wanted:
-                await store.put_principal(wanted)
-            key, key_id = await store.create_api_key(wanted, name)
+        key, key_id, wanted = created.key, created.key_id, created.principal
         _out.print(Text(f"key id: {key_id}"), soft_wrap=True)
         role = " (admin)" if wanted.is_admin else ""
         _out.print(Text(f"principal: {principal} in {org}{role}"), soft_wrap=True)
@@ -640,16 +652,72 @@ def keys_revoke(
     org = _org(ctx)
 
     async def work() -> int:
-        try:
-            parsed = UUID(key_id)
-        except ValueError:
-            raise InvalidRequestError(f"not a key id: {key_id!r}") from None
+        parsed = _parse_uuid(key_id, "key")
         async with _runtime(with_models=False) as runtime:
-            await runtime.store.revoke_api_key(org, parsed)
+            await runtime.revoke_api_key(org, parsed, principal=_operator(org))
         _out.print(Text(f"revoked key {parsed}"), soft_wrap=True)
         return 0
 
     _execute(work())
+
+
+@proposals_app.command("list")
+def proposals_list(
+    ctx: typer.Context,
+    agent: Annotated[str, typer.Argument(help="Agent name or id.")],
+    pending: Annotated[bool, typer.Option("--pending", help="Only undecided ones.")] = False,
+) -> None:
+    """List an agent's proposed procedural edits, oldest first."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        status = ProposalStatus.PENDING if pending else None
+        async with _runtime(with_models=False) as runtime:
+            proposals = await runtime.list_proposals(
+                org, agent, status=status, principal=_operator(org)
+            )
+        table = _list_table(f"proposals for {agent} in {org}")
+        table.add_column("id", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        table.add_column("change", min_width=16, overflow="fold")
+        for p in proposals:
+            value = p.value if isinstance(p.value, str) else "; ".join(p.value)
+            table.add_row(str(p.id), p.status.value, Text(_shorten(f"{p.field}: {value}", 80)))
+        _out.print(table)
+        return 0
+
+    _execute(work())
+
+
+def _decide(ctx: typer.Context, proposal_id: str, approve: bool) -> None:
+    org = _org(ctx)
+
+    async def work() -> int:
+        key = _parse_uuid(proposal_id, "proposal")
+        async with _runtime(with_models=False) as runtime:
+            decided = await runtime.decide_proposal(
+                org, key, approve=approve, principal=_operator(org)
+            )
+        _out.print(Text(f"proposal {decided.id}: {decided.status.value}"), soft_wrap=True)
+        return 0
+
+    _execute(work())
+
+
+@proposals_app.command("approve")
+def proposals_approve(
+    ctx: typer.Context, proposal_id: Annotated[str, typer.Argument(help="The proposal's id.")]
+) -> None:
+    """Approve a proposed edit: the agent's persona or skills change, recorded as memory."""
+    _decide(ctx, proposal_id, True)
+
+
+@proposals_app.command("reject")
+def proposals_reject(
+    ctx: typer.Context, proposal_id: Annotated[str, typer.Argument(help="The proposal's id.")]
+) -> None:
+    """Reject a proposed edit: nothing changes."""
+    _decide(ctx, proposal_id, False)
 
 
 def main() -> None:

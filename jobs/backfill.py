@@ -19,9 +19,8 @@ import numpy as np
 import typer
 from numpy.typing import NDArray
 
-from cortex_ray import load_settings
-from cortex_ray._exceptions import CortexError
-from cortex_ray.knowledge._writer import KnowledgeWriter
+from cortex_ray import CortexError, load_settings
+from cortex_ray.knowledge import KnowledgeWriter
 from cortex_ray.storage import migrate
 from jobs.ingest import _resolve_dsn, _shown_default, job_default, job_options
 

@@ -32,12 +32,15 @@ import typer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import ValidationError
 
-from cortex_ray._exceptions import CortexError, InvalidRequestError
-from cortex_ray._settings import IngestJobOptions, Settings, load_settings
-from cortex_ray.knowledge._read import ListedFile, list_files
-from cortex_ray.knowledge._split import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_PASSAGE_BYTES
-from cortex_ray.knowledge._types import Generation
-from cortex_ray.knowledge._writer import KnowledgeWriter
+from cortex_ray import CortexError, IngestJobOptions, InvalidRequestError, Settings, load_settings
+from cortex_ray.knowledge import (
+    DEFAULT_MAX_LINE_BYTES,
+    DEFAULT_MAX_PASSAGE_BYTES,
+    Generation,
+    KnowledgeWriter,
+    ListedFile,
+    list_files,
+)
 from cortex_ray.storage import EmbeddedPostgres, migrate
 from jobs._pipeline import (
     IngestOptions,

@@ -30,18 +30,15 @@ from starlette.types import Receive, Scope, Send
 
 import cortex_ray
 from cortex_ray import (
-    ActionType,
-    Agent,
-    AgentMode,
     ApiOptions,
     Executor,
     InProcessExecutor,
     MemoryKind,
     Principal,
+    ProposalStatus,
     RunStatus,
     Runtime,
     Session,
-    SessionStatus,
     Settings,
     TaskRun,
     TurnEvent,
@@ -69,6 +66,9 @@ from serve._schemas import (
     MessageList,
     ObservationBody,
     PrincipalBody,
+    ProposalBody,
+    ProposalDecision,
+    ProposalList,
     SessionBody,
     SessionCreate,
     SessionEnded,
@@ -120,7 +120,7 @@ def options_for(runtime: Runtime | Settings | object | None) -> ApiOptions:
         return runtime.settings.api
     if isinstance(runtime, Settings):
         return runtime.api
-    return Settings().api
+    return load_settings().api
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,13 +152,8 @@ async def _open_runtime(source: Runtime | Settings | RuntimeFactory | None) -> R
     if isinstance(source, Runtime):
         return source
     if source is None or isinstance(source, Settings):
-        settings = source or load_settings()
-        if settings.uses_served_models:
-            # only here, in a replica on Ray: the core and the plain app import no Ray
-            from serve.models import open_served_runtime
-
-            return await open_served_runtime(settings)
-        return await Runtime.open(settings)
+        # The backend registry opens a ``served`` model through its entry point.
+        return await Runtime.open(source or load_settings())
     return await source()
 
 
@@ -208,7 +203,7 @@ async def _authenticate(
             "missing API key: send 'Authorization: Bearer <key>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    principal = await state.runtime.store.principal_for_api_key(credentials.credentials)
+    principal = await state.runtime.authenticate(credentials.credentials)
     if principal is None:
         raise ApiProblem(
             401,
@@ -237,29 +232,12 @@ AgentRef = Annotated[
 ToolName = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")]
 
 
-def _require_admin(principal: Principal, what: str) -> None:
-    if not principal.is_admin:
-        raise ApiProblem(403, f"only an admin principal may {what}")
-
-
-async def _session_for(
-    state: ApiState, org: str, session_id: UUID, principal: Principal, *, admin_ok: bool
-) -> Session:
-    session = await state.runtime.store.get_session(org, session_id)
-    if session.caller_id != principal.id and not (admin_ok and principal.is_admin):
-        raise ApiProblem(403, "this session belongs to another caller")
-    return session
-
-
 async def _own_open_session(
     state: StateDep, org: OrgPath, session_id: UUID, principal: MemberDep
 ) -> Session:
     """The session a message goes to: the caller's own, and still open. Checked before the
     event stream starts, so a refusal is an ordinary JSON error response."""
-    session = await _session_for(state, org, session_id, principal, admin_ok=False)
-    if session.status is not SessionStatus.OPEN:
-        raise ApiProblem(409, f"session {session_id} has ended")
-    return session
+    return await state.runtime.authorize_turn(org, session_id, principal)
 
 
 def _sse(event: str, body: Any) -> ServerSentEvent:
@@ -288,7 +266,9 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         log.debug("background %s ended with %r", task, error)
 
 
-async def _wait_terminal(state: ApiState, org: str, run: TaskRun, wait_s: float) -> TaskRun:
+async def _wait_terminal(
+    state: ApiState, org: str, principal: Principal, run: TaskRun, wait_s: float
+) -> TaskRun:
     """Wait up to ``wait_s`` for a RUNNING run to end (long poll)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
@@ -302,7 +282,7 @@ async def _wait_terminal(state: ApiState, org: str, run: TaskRun, wait_s: float)
                 await asyncio.shield(waiting)
         except TimeoutError:
             pass
-        run = await state.runtime.store.get_run(org, run.id)
+        run = await state.runtime.get_run(org, run.id, principal=principal)
     delay = 0.01
     status = run.status
     # Driven elsewhere (another replica, a session actor): poll the status (one row) with
@@ -310,10 +290,10 @@ async def _wait_terminal(state: ApiState, org: str, run: TaskRun, wait_s: float)
     while status is RunStatus.RUNNING and (left := deadline - loop.time()) > 0:
         await asyncio.sleep(min(delay, left))
         delay = min(delay * 2, 0.25)
-        status = await state.runtime.store.run_status(org, run.id)
+        status = await state.runtime.run_status(org, run.id, principal=principal)
     if status is run.status:
         return run
-    return await state.runtime.store.get_run(org, run.id)
+    return await state.runtime.get_run(org, run.id, principal=principal)
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -425,13 +405,7 @@ def _health_router() -> APIRouter:
     )
     async def readyz(request: Request) -> Health:
         """Readiness: the runtime is open and the database answers. Open (no key)."""
-        state = _state(request)
-        try:
-            async with asyncio.timeout(5):
-                async with state.runtime.db.connection() as conn:
-                    await conn.execute("SELECT 1")
-        except Exception as exc:
-            raise ApiProblem(503, f"the database does not answer: {type(exc).__name__}") from exc
+        await _state(request).runtime.ping()
         return Health(status="ready")
 
     return router
@@ -460,7 +434,7 @@ def _org_router() -> APIRouter:
     @router.get("/agents", response_model=AgentList, tags=["agents"])
     async def list_agents(state: StateDep, org: OrgPath, principal: MemberDep) -> AgentList:
         """The organisation's agents."""
-        agents = await state.runtime.store.list_agents(org)
+        agents = await state.runtime.list_agents(org, principal=principal)
         return AgentList(agents=[from_agent(a) for a in agents])
 
     @router.post(
@@ -474,7 +448,6 @@ def _org_router() -> APIRouter:
         state: StateDep, org: OrgPath, principal: MemberDep, body: AgentCreate
     ) -> AgentBody:
         """Create an agent (admin only). Default tools: every built-in; default grant: its tools."""
-        _require_admin(principal, "create agents")
         agent = await state.runtime.create_agent(
             org,
             body.name,
@@ -483,6 +456,7 @@ def _org_router() -> APIRouter:
             tools=body.tools,
             skills=body.skills,
             grant=None if body.grant is None else body.grant.to_grant(),
+            principal=principal,
         )
         return from_agent(agent)
 
@@ -491,7 +465,7 @@ def _org_router() -> APIRouter:
         state: StateDep, org: OrgPath, principal: MemberDep, agent_ref: AgentRef
     ) -> AgentBody:
         """One agent, by id or name."""
-        return from_agent(await state.runtime.store.get_agent(org, agent_ref))
+        return from_agent(await state.runtime.get_agent(org, agent_ref, principal=principal))
 
     @router.patch(
         "/agents/{agent_ref}",
@@ -503,41 +477,12 @@ def _org_router() -> APIRouter:
         state: StateDep, org: OrgPath, principal: MemberDep, agent_ref: AgentRef, body: AgentUpdate
     ) -> AgentBody:
         """Change an agent's mode, persona, tools, skills or grant (admin only)."""
-        _require_admin(principal, "change agents")
-        runtime = state.runtime
-        agent = await runtime.store.get_agent(org, agent_ref)
-        given = body.model_fields_set
-        update: dict[str, Any] = {}
-        if "tools" in given and body.tools is not None:
-            unknown = [t for t in body.tools if runtime.registry.get(t) is None]
-            if unknown:
-                raise ApiProblem(422, f"unknown tools: {', '.join(unknown)}")
-            update["tools"] = tuple(body.tools)
-        if "persona" in given:
-            update["persona"] = body.persona
-        if "mode" in given:
-            update["mode"] = body.mode
-        if "skills" in given and body.skills is not None:
-            update["skills"] = tuple(body.skills)
-        if "grant" in given:
-            update["grant"] = None if body.grant is None else body.grant.to_grant()
-        changed = await runtime.store.update_agent(agent.model_copy(update=update))
+        changed = await state.runtime.update_agent(
+            org, agent_ref, body.to_changes(), principal=principal
+        )
         return from_agent(changed)
 
     # memory ------------------------------------------------------------------------------
-
-    def _check_memory_access(state: ApiState, agent: Agent, principal: Principal) -> None:
-        """Admins, or a caller who (with this agent) may use the ``memory_search`` tool."""
-        if principal.is_admin:
-            return
-        registry = state.runtime.registry
-        tool = registry.get("memory_search")
-        category = registry.classifier.classify(tool if tool is not None else "memory_search")
-        decision = state.runtime.access.decide(
-            agent, principal, "memory_search", category, mode=AgentMode.INTERACTIVE
-        )
-        if not decision.allowed:
-            raise ApiProblem(403, f"memory search denied: {decision.reason}")
 
     @router.get(
         "/agents/{agent_ref}/memory",
@@ -560,16 +505,15 @@ def _org_router() -> APIRouter:
 
         Allowed to admins and to callers granted ``memory_search`` (with this agent).
         ``validAt``/``knownAt`` read as of a time (valid time, record time)."""
-        agent = await state.runtime.store.get_agent(org, agent_ref)
-        _check_memory_access(state, agent, principal)
-        hits = await state.runtime.memory.recall(
-            org_id=org,
-            agent_id=agent.id,
-            query=query,
+        agent, hits = await state.runtime.search_memory(
+            org,
+            agent_ref,
+            query,
             k=k,
             kinds=kind or None,
             valid_at=valid_at,
             known_at=known_at,
+            principal=principal,
         )
         return MemorySearch(agent_id=agent.id, query=query, results=[MemoryHit.of(h) for h in hits])
 
@@ -588,12 +532,53 @@ def _org_router() -> APIRouter:
         known_at: Annotated[AwareDatetime | None, Query(alias="knownAt")] = None,
     ) -> FactList:
         """The agent's semantic facts (latest per subject, or as of a time)."""
-        agent = await state.runtime.store.get_agent(org, agent_ref)
-        _check_memory_access(state, agent, principal)
-        facts = await state.runtime.memory.facts(
-            org_id=org, agent_id=agent.id, valid_at=valid_at, known_at=known_at
+        agent, facts = await state.runtime.list_facts(
+            org, agent_ref, valid_at=valid_at, known_at=known_at, principal=principal
         )
         return FactList(agent_id=agent.id, facts=[MemoryBody.of(f) for f in facts])
+
+    @router.get(
+        "/agents/{agent_ref}/proposals",
+        response_model=ProposalList,
+        tags=["memory"],
+    )
+    async def list_proposals(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        agent_ref: AgentRef,
+        status: ProposalStatus | None = None,
+    ) -> ProposalList:
+        """The agent's proposed edits of its procedural memory (persona, skills), oldest
+        first; only ``status`` when given. An edit takes effect only when approved."""
+        agent = await state.runtime.get_agent(org, agent_ref, principal=principal)
+        proposals = await state.runtime.list_proposals(
+            org, agent.id, status=status, principal=principal
+        )
+        return ProposalList(agent_id=agent.id, proposals=[ProposalBody.of(p) for p in proposals])
+
+    @router.post(
+        "/proposals/{proposal_id}/decision",
+        response_model=ProposalBody,
+        tags=["memory"],
+        responses={
+            403: {"model": ApiError, "description": "not an admin person"},
+            422: {"model": ApiError, "description": "already decided"},
+        },
+    )
+    async def decide_proposal(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        proposal_id: UUID,
+        body: ProposalDecision,
+    ) -> ProposalBody:
+        """Approve (the edit is applied and recorded as PROCEDURAL memory, in one
+        transaction) or reject a proposed edit. Admin persons only."""
+        decided = await state.runtime.decide_proposal(
+            org, proposal_id, approve=body.approve, principal=principal
+        )
+        return ProposalBody.of(decided)
 
     # knowledge ---------------------------------------------------------------------------
 
@@ -621,19 +606,14 @@ def _org_router() -> APIRouter:
         """Hybrid search (BM25 in PostgreSQL + pgvector, fused, reranked when a reranker is
         available) over the organisation's published knowledge; every hit carries its
         citation. Allowed to admins and to callers granted ``knowledge_search``."""
-        knowledge = state.runtime.knowledge
-        if knowledge is None:
-            raise ApiProblem(503, "this runtime has no knowledge store (embedder dimension)")
-        grant = principal.grant  # a missing grant denies, as everywhere
-        if not principal.is_admin and (
-            grant is None or not grant.allows("knowledge_search", ActionType.RETRIEVAL)
-        ):
-            raise ApiProblem(403, "knowledge search denied: knowledge_search is not granted")
-        for name in collection or ():
-            if not name or "\x00" in name or len(name) > 128:
-                raise ApiProblem(422, "collection: 1 to 128 characters, no NUL")
-        result = await knowledge.search(
-            org, query, collection=collection or None, k=k, fusion=fusion, rerank=rerank
+        result = await state.runtime.search_knowledge(
+            org,
+            query,
+            collection=collection or None,
+            k=k,
+            fusion=fusion,
+            rerank=rerank,
+            principal=principal,
         )
         return KnowledgeSearch(
             query=result.query,
@@ -670,8 +650,8 @@ def _org_router() -> APIRouter:
             max_steps=payload.max_steps,
             name=body.name,
             caller_id=payload.caller_user_id or principal.id,
-            requested_by=principal.id,
             contact_context=payload.contact_context,
+            principal=principal,
         )
         await state.executor.start_run(org, run.id)
         location = f"/api/orgs/{org}/tasks/{run.id}"
@@ -693,8 +673,9 @@ def _org_router() -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=200)] = 50,
     ) -> TaskList:
         """Recent task runs, newest first (without their step logs)."""
-        agent_key = (await state.runtime.store.get_agent(org, agent_id)).id if agent_id else None
-        runs = await state.runtime.store.list_runs(org, agent_key, limit=limit)
+        runs = await state.runtime.list_runs(
+            org, agent_ref=agent_id, limit=limit, principal=principal
+        )
         return TaskList(tasks=[from_run(r, with_steps=False) for r in runs])
 
     @router.get("/tasks/{task_id}", response_model=TaskBody, tags=["tasks"])
@@ -713,9 +694,9 @@ def _org_router() -> APIRouter:
         ] = 0,
     ) -> TaskSummary:
         """A task run: status (RUNNING, COMPLETED, FAILED), its step log and its result."""
-        run = await state.runtime.store.get_run(org, task_id)
+        run = await state.runtime.get_run(org, task_id, principal=principal)
         if run.status is RunStatus.RUNNING and wait > 0:
-            run = await _wait_terminal(state, org, run, wait)
+            run = await _wait_terminal(state, org, principal, run, wait)
         return from_run(run)
 
     # sessions ----------------------------------------------------------------------------
@@ -738,7 +719,7 @@ def _org_router() -> APIRouter:
         state: StateDep, org: OrgPath, principal: MemberDep, session_id: UUID
     ) -> SessionBody:
         """A session (its caller, or an admin)."""
-        return from_session(await _session_for(state, org, session_id, principal, admin_ok=True))
+        return from_session(await state.runtime.get_session(org, session_id, principal=principal))
 
     @router.get(
         "/sessions/{session_id}/messages",
@@ -750,8 +731,7 @@ def _org_router() -> APIRouter:
         state: StateDep, org: OrgPath, principal: MemberDep, session_id: UUID
     ) -> MessageList:
         """The conversation so far (its caller, or an admin)."""
-        await _session_for(state, org, session_id, principal, admin_ok=True)
-        turns = await state.runtime.store.conversation(org, session_id)
+        turns = await state.runtime.conversation(org, session_id, principal=principal)
         return MessageList(session_id=session_id, messages=[TurnBody.of(t) for t in turns])
 
     @router.post(
@@ -820,9 +800,9 @@ def _org_router() -> APIRouter:
     ) -> SessionEnded:
         """End a session (its caller, or an admin); the extraction pass writes facts.
         Ending an ended session changes nothing."""
-        await _session_for(state, org, session_id, principal, admin_ok=True)
+        await state.runtime.authorize_end_session(org, session_id, principal=principal)
         facts = await state.executor.end_session(org, session_id)
-        session = await state.runtime.store.get_session(org, session_id)
+        session = await state.runtime.get_session(org, session_id, principal=principal)
         return SessionEnded(session=from_session(session), facts=[MemoryBody.of(f) for f in facts])
 
     # tools -------------------------------------------------------------------------------
@@ -836,13 +816,7 @@ def _org_router() -> APIRouter:
     ) -> ToolList:
         """Every tool of this server, or (with ``agentId``) what the caller may use with
         that agent: the agent's grant ∩ the caller's grant."""
-        runtime = state.runtime
-        if agent_id is None:
-            tools = (runtime.registry.get(name) for name in runtime.registry.names())
-            specs = [runtime.registry.spec(tool) for tool in tools if tool is not None]
-        else:
-            agent = await runtime.store.get_agent(org, agent_id)
-            specs = runtime.dispatcher.action_space(agent, principal, AgentMode.INTERACTIVE)
+        specs = await state.runtime.list_tools(org, agent_ref=agent_id, principal=principal)
         return ToolList(tools=[ToolBody.of(s) for s in specs])
 
     @router.post(
@@ -856,8 +830,6 @@ def _org_router() -> APIRouter:
         """Call a tool directly, as the caller, through the invocation gate (schema check,
         agent grant ∩ caller grant, hooks, limits, audit). The gate's verdict is the
         observation's ``status``: OK, REFUSED (with the reason), ERROR or TIMEOUT."""
-        if state.runtime.registry.get(tool_name) is None:
-            raise ApiProblem(404, f"unknown tool {tool_name!r}")
         observation = await state.runtime.invoke_tool(
             org, body.agent_id, principal, tool_name, body.args
         )

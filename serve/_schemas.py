@@ -19,6 +19,7 @@ from cortex_ray import (
     ActionType,
     Agent,
     AgentAction,
+    AgentChanges,
     AgentMode,
     Candidate,
     DecisionKind,
@@ -29,6 +30,8 @@ from cortex_ray import (
     ObservationStatus,
     Principal,
     PrincipalKind,
+    ProceduralProposal,
+    ProposalStatus,
     RunStatus,
     ScoredMemory,
     Session,
@@ -61,6 +64,9 @@ __all__ = [
     "MessageList",
     "ObservationBody",
     "PrincipalBody",
+    "ProposalBody",
+    "ProposalDecision",
+    "ProposalList",
     "SessionBody",
     "SessionCreate",
     "SessionEnded",
@@ -257,6 +263,22 @@ class AgentUpdate(_Body):
             if field in self.model_fields_set and getattr(self, field) is None:
                 raise ValueError(f"{field} cannot be null")
         return self
+
+    def to_changes(self) -> AgentChanges:
+        """The core's partial update: the same fields set."""
+        given = self.model_fields_set
+        values: dict[str, Any] = {}
+        if "persona" in given:
+            values["persona"] = self.persona
+        if "mode" in given:
+            values["mode"] = self.mode
+        if "tools" in given and self.tools is not None:
+            values["tools"] = tuple(self.tools)
+        if "skills" in given and self.skills is not None:
+            values["skills"] = tuple(self.skills)
+        if "grant" in given:
+            values["grant"] = None if self.grant is None else self.grant.to_grant()
+        return AgentChanges(**values)
 
 
 class AgentBody(_Out):
@@ -692,6 +714,45 @@ class KnowledgeSearch(_Out):
 class FactList(_Out):
     agent_id: UUID
     facts: list[MemoryBody]
+
+
+class ProposalBody(_Out):
+    """A proposed edit of an agent's procedural memory, waiting for (or past) a decision."""
+
+    id: UUID
+    agent_id: UUID
+    field: str
+    value: str | list[str]
+    rationale: str
+    status: ProposalStatus
+    proposed_by: str
+    decided_by: str | None
+    proposed_at: datetime
+    decided_at: datetime | None
+
+    @classmethod
+    def of(cls, p: ProceduralProposal) -> ProposalBody:
+        return cls(
+            id=p.id,
+            agent_id=p.agent_id,
+            field=p.field,
+            value=p.value if isinstance(p.value, str) else list(p.value),
+            rationale=p.rationale,
+            status=p.status,
+            proposed_by=p.proposed_by,
+            decided_by=p.decided_by,
+            proposed_at=p.proposed_at,
+            decided_at=p.decided_at,
+        )
+
+
+class ProposalList(_Out):
+    agent_id: UUID
+    proposals: list[ProposalBody]
+
+
+class ProposalDecision(_Body):
+    approve: bool = Field(description="true applies the edit; false rejects it")
 
 
 class SessionEnded(_Out):

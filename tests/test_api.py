@@ -675,6 +675,12 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
             {"json": {"agentId": estate.chat["id"], "args": {}}},
         ),
         "search_knowledge": ("GET", f"{base}/knowledge/search", {"params": {"query": "door"}}),
+        "list_proposals": ("GET", f"{base}/agents/{{agent_ref}}/proposals", {}),
+        "decide_proposal": (
+            "POST",
+            f"{base}/proposals/{uuid.UUID(int=7)}/decision",
+            {"json": {"approve": True}},
+        ),
     }
     return {op: (m, url.format(**values), kw) for op, (m, url, kw) in routes.items()}
 

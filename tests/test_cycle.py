@@ -23,6 +23,7 @@ from cortex_ray import (
     NotFoundError,
     ObservationStatus,
     Principal,
+    PrincipalKind,
     ProposalStatus,
     RunStatus,
     Runtime,
@@ -132,7 +133,7 @@ async def test_autonomous_run_completes_with_a_full_ledger(make_runtime, db, org
     assert first.observation is not None and first.observation.status is ObservationStatus.OK
     assert run.steps[1].action_type is ActionType.LEARNING
 
-    audit = await runtime.store.audit_rows(org, run_id=run.id)
+    audit = await runtime.store.audit_rows(org, run_id=run.id, gate_only=True)
     assert [(a["step_index"], a["tool"], a["action_type"]) for a in audit] == [
         (0, "current_time", "GROUNDING"),
         (1, "remember_fact", "LEARNING"),
@@ -191,7 +192,8 @@ async def test_malformed_output_is_retried_then_fails_safely(make_runtime, org) 
     assert run2.status is RunStatus.FAILED
     assert "no valid candidate" in (run2.reason or "")
     assert len(broken.requests) == 2
-    assert await runtime2.store.audit_rows(org, run_id=run2.id) == []  # nothing executed
+    # nothing executed
+    assert await runtime2.store.audit_rows(org, run_id=run2.id, gate_only=True) == []
 
 
 async def test_invalid_candidates_are_recorded_never_selected(make_runtime, org) -> None:
@@ -271,7 +273,7 @@ async def test_a_run_resumes_after_its_last_recorded_step(make_runtime, org) -> 
     resumed = await runtime.drive_run(org, run.id)
     assert resumed.status is RunStatus.COMPLETED
     assert [s.step_index for s in resumed.steps] == [0, 1, 2]
-    audit = await runtime.store.audit_rows(org, run_id=run.id)
+    audit = await runtime.store.audit_rows(org, run_id=run.id, gate_only=True)
     assert [a["step_index"] for a in audit] == [0, 1]  # step 0 did not run again
     # The resumed step saw the observation recorded before the crash.
     last_prompt = [r for r in model.requests if r.schema_name == "proposals"][-1]
@@ -290,8 +292,8 @@ async def test_a_run_keeps_its_requester_and_contact_context_apart_from_its_goal
         agent.id,
         "follow up",
         caller_id="user-42",
-        requested_by="ops-bot",
         contact_context=context,
+        principal=Principal(id="ops-bot", org_id=org, kind=PrincipalKind.SERVICE),
     )
     await runtime.drive_run(org, run.id)
     stored = await runtime.store.get_run(org, run.id)
@@ -393,7 +395,7 @@ async def test_interactive_turn_uses_the_same_gate_and_learns(make_runtime, db, 
     assert "reply" not in {t["function"]["name"] for t in model.requests[0].tools}
     turns = await runtime.store.conversation(org, session.id)
     assert [t.role for t in turns] == ["user", "tool", "assistant"]
-    audit = await runtime.store.audit_rows(org)
+    audit = await runtime.store.audit_rows(org, gate_only=True)
     assert [(a["tool"], a["action_type"], a["principal_id"]) for a in audit] == [
         ("current_time", "GROUNDING", "alice"),
         ("reply", "GROUNDING", "alice"),  # the reply is a dialogue action through the gate
@@ -509,7 +511,8 @@ async def test_direct_tool_calls_go_through_the_same_gate(make_runtime, db, org)
     assert denied.status is ObservationStatus.REFUSED
     bad = await runtime.invoke_tool(org, agent.id, alice, "current_time", {"x": 1})
     assert bad.status is ObservationStatus.REFUSED and "invalid arguments" in bad.summary
-    statuses = [(a["tool"], a["status"]) for a in await runtime.store.audit_rows(org)]
+    rows = await runtime.store.audit_rows(org, gate_only=True)
+    statuses = [(a["tool"], a["status"]) for a in rows]
     assert statuses == [
         ("current_time", "OK"),
         ("remember_fact", "REFUSED"),
@@ -608,7 +611,7 @@ async def test_an_interrupted_side_effect_is_decided_again_not_repeated(db, sett
         assert "interrupted: the process stopped while charge_card was running" in (
             last_prompt.messages[1].content or ""
         )
-        audit = await runtime.store.audit_rows(org, run_id=run.id)
+        audit = await runtime.store.audit_rows(org, run_id=run.id, gate_only=True)
         assert [(a["tool"], a["status"], a["idempotency_key"]) for a in audit] == [
             ("charge_card", "INTERRUPTED", f"{run.id}:0")
         ]

@@ -686,10 +686,11 @@ async def test_the_core_embeds_through_the_served_route_when_the_settings_say_so
 ) -> None:
     import pydantic
 
-    from cortex_ray import Settings, build_embedder
+    from cortex_ray import Settings
+    from cortex_ray.models import open_models
 
     settings = Settings(embedding_backend="openai", embedding_url=f"{base_url}/v1")
-    embedder = build_embedder(settings)
+    embedder = (await open_models(settings, ["embedder"])).embedder
     assert isinstance(embedder, OpenAICompatibleEmbedder) and embedder.dim == 384
     texts = ["a cat on a mat", "quarterly revenue grew"]
     try:

@@ -1,5 +1,18 @@
-"""Access control: principals, grants and the one decision every tool call goes through."""
+"""Access control: principals, grants, the one decision every tool call goes through, and
+the one decision every use case of the runtime goes through."""
 
-from cortex_ray.access._service import AccessControlService, AccessDecision
+from cortex_ray.access._service import (
+    AccessControlService,
+    AccessDecision,
+    Tier,
+    UseCase,
+    UseCaseRequest,
+)
 
-__all__ = ["AccessControlService", "AccessDecision"]
+__all__ = [
+    "AccessControlService",
+    "AccessDecision",
+    "Tier",
+    "UseCase",
+    "UseCaseRequest",
+]

@@ -5,15 +5,26 @@
   what the person may not do, nor what the agent may not do.
 - A missing grant (no policy) denies. Being an admin does not widen an agent's grant.
 - Principals of another organisation are always denied.
+
+Use cases (``UseCase``: creating agents, submitting tasks, searching memory, ...) are
+decided here too, by ``authorize``: the organisation, the capability tier, and the use
+case's own rule; the runtime writes the audit row of each decision.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum, StrEnum
 
 from cortex_ray._types import ActionType, Agent, AgentMode, Principal, PrincipalKind
 
-__all__ = ["AccessControlService", "AccessDecision"]
+__all__ = [
+    "AccessControlService",
+    "AccessDecision",
+    "Tier",
+    "UseCase",
+    "UseCaseRequest",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +66,117 @@ class AccessControlService:
             return AccessDecision(False, f"caller {caller.id!r} is not granted {tool!r}")
         return AccessDecision(True, "agent grant ∩ caller grant")
 
+    def authorize(
+        self, principal: Principal, use_case: UseCase, request: UseCaseRequest
+    ) -> AccessDecision:
+        """Decide a use case (``UseCase``) for ``principal``: see ``UseCase``'s rules."""
+        return _authorize(self, principal, use_case, request)
+
     def principal_for(self, agent: Agent, caller: Principal | None, mode: AgentMode) -> Principal:
         """The principal a call runs as: the agent's own for autonomous runs, else the caller."""
         if mode is AgentMode.AUTONOMOUS or caller is None:
             return agent.principal()
         return caller
+
+
+class Tier(StrEnum):
+    """The capability a use case needs: reading, changing, or administering the tenant."""
+
+    READ = "read"
+    WRITE = "write"
+    ADMIN = "admin"
+
+
+class UseCase(Enum):
+    """Every use case the core offers its callers (the HTTP API, the CLI, Python).
+
+    Each has a name (the audit row's ``tool`` column: dotted, so it never collides with a
+    tool's name), the CoALA action category the gate would give it, a tier, and whether an
+    ALLOWED call is audited (refusals always are). Plain metadata reads (list agents, read
+    a run) are not audited when allowed: a long poll would write a row per poll.
+    """
+
+    AGENTS_LIST = ("agents.list", ActionType.RETRIEVAL, Tier.READ, False)
+    AGENTS_GET = ("agents.get", ActionType.RETRIEVAL, Tier.READ, False)
+    # An agent's persona, skills and tool set are its procedural memory.
+    AGENTS_CREATE = ("agents.create", ActionType.LEARNING, Tier.ADMIN, True)
+    AGENTS_UPDATE = ("agents.update", ActionType.LEARNING, Tier.ADMIN, True)
+    TASKS_SUBMIT = ("tasks.submit", ActionType.GROUNDING, Tier.WRITE, True)
+    TASKS_RESUME = ("tasks.resume", ActionType.GROUNDING, Tier.WRITE, True)
+    TASKS_LIST = ("tasks.list", ActionType.RETRIEVAL, Tier.READ, False)
+    TASKS_GET = ("tasks.get", ActionType.RETRIEVAL, Tier.READ, False)
+    SESSIONS_OPEN = ("sessions.open", ActionType.GROUNDING, Tier.WRITE, True)
+    SESSIONS_READ = ("sessions.read", ActionType.RETRIEVAL, Tier.READ, False)
+    SESSIONS_MESSAGE = ("sessions.message", ActionType.GROUNDING, Tier.WRITE, False)
+    # Ending a session runs the extraction pass, which writes semantic memory.
+    SESSIONS_END = ("sessions.end", ActionType.LEARNING, Tier.WRITE, True)
+    TOOLS_LIST = ("tools.list", ActionType.RETRIEVAL, Tier.READ, False)
+    MEMORY_SEARCH = ("memory.search", ActionType.RETRIEVAL, Tier.READ, True)
+    KNOWLEDGE_SEARCH = ("knowledge.search", ActionType.RETRIEVAL, Tier.READ, True)
+    API_KEYS_CREATE = ("api_keys.create", ActionType.GROUNDING, Tier.ADMIN, True)
+    API_KEYS_REVOKE = ("api_keys.revoke", ActionType.GROUNDING, Tier.ADMIN, True)
+    PROPOSALS_LIST = ("proposals.list", ActionType.RETRIEVAL, Tier.READ, False)
+    PROPOSALS_DECIDE = ("proposals.decide", ActionType.LEARNING, Tier.ADMIN, True)
+
+    def __init__(self, label: str, category: ActionType, tier: Tier, audit_allowed: bool) -> None:
+        self.label = label
+        self.category = category
+        self.tier = tier
+        self.audit_allowed = audit_allowed
+
+
+@dataclass(frozen=True, slots=True)
+class UseCaseRequest:
+    """What a use-case decision looks at besides the principal and the use case.
+
+    Attributes:
+        org_id: The organisation the call is addressed to.
+        agent: The agent the call concerns, if any (memory search decides through it).
+        owner_id: The principal that owns the object (a session's caller), if any.
+        tool_category: The category of the tool a use case mirrors (``memory_search``),
+            as the runtime's classifier gives it.
+    """
+
+    org_id: str
+    agent: Agent | None = None
+    owner_id: str | None = None
+    tool_category: ActionType | None = None
+
+
+def _authorize(
+    service: AccessControlService,
+    principal: Principal,
+    use_case: UseCase,
+    request: UseCaseRequest,
+) -> AccessDecision:
+    """The one decision for a use case: the organisation, the tier, then the use case's own
+    rule. Fail closed: a use case without a rule here is a READ that only members make."""
+    if principal.org_id != request.org_id:
+        return AccessDecision(False, "the principal belongs to another organisation")
+    if use_case.tier is Tier.ADMIN and not principal.is_admin:
+        return AccessDecision(False, f"only an admin principal may do {use_case.label}")
+    if (
+        use_case in (UseCase.SESSIONS_READ, UseCase.SESSIONS_END)
+        and request.owner_id != principal.id
+        and not principal.is_admin
+    ):
+        return AccessDecision(False, "this session belongs to another caller")
+    if use_case is UseCase.SESSIONS_MESSAGE and request.owner_id != principal.id:
+        return AccessDecision(False, "only the session's own caller may talk in it")
+    if use_case is UseCase.MEMORY_SEARCH and not principal.is_admin:
+        if request.agent is None:
+            return AccessDecision(False, "memory search needs an agent (deny)")
+        verdict = service.decide(
+            request.agent,
+            principal,
+            "memory_search",
+            request.tool_category or ActionType.RETRIEVAL,
+            mode=AgentMode.INTERACTIVE,
+        )
+        if not verdict.allowed:
+            return AccessDecision(False, f"memory search denied: {verdict.reason}")
+    if use_case is UseCase.KNOWLEDGE_SEARCH and not principal.is_admin:
+        grant = principal.grant  # a missing grant denies, as everywhere
+        if grant is None or not grant.allows("knowledge_search", ActionType.RETRIEVAL):
+            return AccessDecision(False, "knowledge search denied: knowledge_search is not granted")
+    return AccessDecision(True, f"{use_case.tier.value} use case")

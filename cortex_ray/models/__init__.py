@@ -1,5 +1,15 @@
 """Model clients (chat completions) and embedders."""
 
+from cortex_ray.models._backends import (
+    ENTRY_POINT_GROUP,
+    BackendOpener,
+    ModelBackend,
+    ModelParts,
+    ModelSlot,
+    backend_names,
+    open_models,
+    register_backend,
+)
 from cortex_ray.models._guard import (
     check_model_request,
     is_local_model_url,
@@ -26,23 +36,31 @@ from cortex_ray.models.reranking import Reranker, RerankHit
 from cortex_ray.models.scripted import ScriptedModelClient
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
+    "BackendOpener",
     "ChatMessage",
     "ChatRequest",
     "ChatResponse",
     "Embedder",
     "HashEmbedder",
+    "ModelBackend",
     "ModelClient",
+    "ModelParts",
+    "ModelSlot",
     "RerankHit",
     "Reranker",
     "ScriptedModelClient",
     "SentenceTransformerEmbedder",
     "ToolCall",
     "Usage",
+    "backend_names",
     "check_model_request",
     "is_local_model_url",
     "model_requests_allowed",
+    "open_models",
     "override_allow_model_requests",
     "packaged_minilm_path",
+    "register_backend",
     "set_allow_model_requests",
     "structured_call",
 ]

@@ -658,13 +658,20 @@ class Store:
             ),
         )
 
-    async def audit_rows(self, org_id: str, *, run_id: UUID | None = None) -> list[dict[str, Any]]:
+    async def audit_rows(
+        self, org_id: str, *, run_id: UUID | None = None, gate_only: bool = False
+    ) -> list[dict[str, Any]]:
+        """The organisation's audit rows, oldest first: only a run's with ``run_id``; only
+        the invocation gate's (tool calls, which always carry the mode) with ``gate_only``,
+        leaving out the use-case rows (``agents.create``, ``tasks.submit``, ...)."""
         async with self.db.transaction() as conn:
             cur = await conn.execute(
                 """
-                SELECT * FROM audit_log WHERE org_id = %s AND (%s::uuid IS NULL OR run_id = %s)
+                SELECT * FROM audit_log
+                WHERE org_id = %s AND (%s::uuid IS NULL OR run_id = %s)
+                  AND (NOT %s OR mode IS NOT NULL)
                 ORDER BY id
                 """,
-                (org_id, run_id, run_id),
+                (org_id, run_id, run_id, gate_only),
             )
             return list(await cur.fetchall())

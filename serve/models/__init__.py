@@ -27,6 +27,7 @@ from serve.models._config import (
 )
 from serve.models._embedder import EMBEDDER_NAME, EmbedderDeployment, EmbedderServer
 from serve.models._handles import (
+    SERVED_BACKEND,
     HandleEmbedder,
     HandleModelClient,
     HandleReranker,
@@ -46,6 +47,7 @@ __all__ = [
     "INGRESS_NAME",
     "LLM_NAME",
     "RERANKER_NAME",
+    "SERVED_BACKEND",
     "DeploymentOptions",
     "EmbedderConfig",
     "EmbedderDeployment",

@@ -18,10 +18,18 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel
 
-from cortex_ray import ConfigurationError, Runtime, Settings
-from cortex_ray._exceptions import ModelError
+from cortex_ray import ConfigurationError, ModelError, Runtime, Settings
 from cortex_ray.memory import EMBEDDING_DIM
-from cortex_ray.models import ChatRequest, ChatResponse, ToolCall, Usage
+from cortex_ray.models import (
+    ChatRequest,
+    ChatResponse,
+    ModelBackend,
+    ModelParts,
+    ModelSlot,
+    ToolCall,
+    Usage,
+    register_backend,
+)
 from cortex_ray.models.reranking import RerankHit
 from serve.models._builder import DEFAULT_MODELS_APP
 from serve.models._config import (
@@ -43,6 +51,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("model serving needs Ray Serve: pip install 'cortex-ray[ray]'") from exc
 
 __all__ = [
+    "SERVED_BACKEND",
     "HandleEmbedder",
     "HandleModelClient",
     "HandleReranker",
@@ -220,21 +229,20 @@ class ModelHandles:
         )
 
 
-async def open_served_runtime(settings: Settings, **kwargs: Any) -> Runtime:
-    """``Runtime.open`` with the ``served`` backends reached through handles to the
-    deployments of ``settings.models_app``; its reranker (if the app has one) reranks
-    knowledge search. Other backends are built from the settings as usual; ``kwargs`` go to
-    ``Runtime.open``.
+async def _open_served(settings: Settings, slots: frozenset[ModelSlot]) -> ModelParts:
+    """The ``served`` backend: the slots asked for reached through handles to the
+    deployments of ``settings.models_app``, and its reranker (if the app has one), which
+    then reranks knowledge search.
 
     Raises:
         ConfigurationError: The app is not running, does not serve a model the settings
             name ``served``, or its embedder's dimension is not the schema's.
     """
-    if not settings.uses_served_models:
-        return await Runtime.open(settings, **kwargs)
     handles = await ModelHandles.connect(settings.models_app)
     app = settings.models_app
-    if settings.embedding_backend == "served":
+    embedder: HandleEmbedder | None = None
+    chat: HandleModelClient | None = None
+    if "embedder" in slots:
         if handles.embedder is None:
             raise ConfigurationError(
                 f"embedding_backend=served, but the app {app!r} serves no embedder"
@@ -243,23 +251,31 @@ async def open_served_runtime(settings: Settings, **kwargs: Any) -> Runtime:
         served = handles.config.embedder
         name = (served.model or served.model_id) if served is not None else "?"
         _check_embedder_dim(embedder.dim, f"{name!r} of the Serve app {app!r}")
-        kwargs.setdefault("embedder", embedder)
-    if settings.model_backend == "served":
+    if "chat" in slots:
         llm = handles.config.llm
         if handles.llm is None or llm is None:
             raise ConfigurationError(f"model_backend=served, but the app {app!r} serves no LLM")
-        kwargs.setdefault(
-            "model",
-            HandleModelClient(
-                handles.llm,
-                llm.served_id,
-                backend=llm.backend,
-                default_temperature=settings.model_temperature,
-                default_max_tokens=settings.model_max_tokens,
-            ),
+        chat = HandleModelClient(
+            handles.llm,
+            llm.served_id,
+            backend=llm.backend,
+            default_temperature=settings.model_temperature,
+            default_max_tokens=settings.model_max_tokens,
         )
-    if handles.reranker is not None and "reranker" not in kwargs:
-        kwargs["reranker"] = await HandleReranker.connect(handles.reranker)
+    reranker = None
+    if handles.reranker is not None:
+        reranker = await HandleReranker.connect(handles.reranker)
+    return ModelParts(chat=chat, embedder=embedder, reranker=reranker)
+
+
+SERVED_BACKEND = ModelBackend("served", _open_served)
+"""The ``served`` model backend (entry point ``cortex_ray.backends: served``)."""
+register_backend(SERVED_BACKEND)
+
+
+async def open_served_runtime(settings: Settings, **kwargs: Any) -> Runtime:
+    """``Runtime.open(settings, **kwargs)``: kept for callers of the earlier API; the
+    ``served`` backends now open through the core's backend registry."""
     return await Runtime.open(settings, **kwargs)
 
 

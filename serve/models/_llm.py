@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 
 import jsonschema
 
-from cortex_ray._exceptions import ModelError
+from cortex_ray import ModelError
 from cortex_ray.models import ChatMessage, ChatRequest, ChatResponse, ToolCall
 from cortex_ray.models.llama_cpp import tool_choice_schema
 from serve.models._config import LlmConfig

@@ -1,0 +1,506 @@
+"""The decision cycle: one PERCEIVE → DECIDE → ACT step shared by both kinds of agent, and the
+two loops around it (LEARN at each loop's cadence, through ``cortex_ray.learn``).
+
+``DecisionCycle.step`` is the whole cycle of CoALA's decision procedure once: the assembler
+reads long-term memory once into working memory (PERCEIVE), the mode's driver turns it into
+one ``Decision`` (DECIDE; the only part that differs by mode), and a chosen action passes the
+one invocation gate (ACT). The autonomous loop (``drive``, ``resume``) runs steps against a
+goal and a budget and learns after every step; the interactive loop (``turn``) runs tool
+rounds for one message and learns once per turn.
+
+Each autonomous step is ONE transaction holding its ledger row (keyed by run id and step
+index, so it can never be written twice), its audit row and its episodic memory. A run can
+therefore be resumed from its ledger: ``resume`` continues after the last recorded step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from uuid import UUID
+
+from opentelemetry import trace
+
+from cortex_ray._exceptions import AccessDeniedError, ConflictError, InvalidRequestError
+from cortex_ray._settings import Settings
+from cortex_ray._types import (
+    Agent,
+    AgentAction,
+    AgentMode,
+    Decision,
+    DecisionKind,
+    Observation,
+    ObservationStatus,
+    Principal,
+    RunStatus,
+    Session,
+    SessionStatus,
+    Step,
+    TaskRun,
+    Turn,
+    TurnEvent,
+    TurnEventKind,
+    TurnResult,
+    WorkingMemory,
+)
+from cortex_ray.act import Dispatch, InvocationContext, ToolDispatcher, ToolRegistry
+from cortex_ray.decide import AutonomousDriver, InteractiveDriver
+from cortex_ray.learn import Learner
+from cortex_ray.perceive import WorkingMemoryAssembler
+from cortex_ray.storage import AuditEntry, Database, Store
+
+__all__ = [
+    "CycleStep",
+    "DecisionCycle",
+    "StepCallback",
+    "TurnEventRelay",
+    "TurnEventSink",
+    "events_until",
+]
+
+log = logging.getLogger("cortex_ray.cycle")
+tracer = trace.get_tracer("cortex_ray")
+
+E = TypeVar("E")
+
+StepCallback = Callable[[Step], Awaitable[None] | None]
+TurnEventSink = Callable[[TurnEvent], Awaitable[None] | None]
+"""Receives a turn's events as they happen. A sink that raises is dropped for the rest of
+the turn (logged); the turn itself always runs to its end and is recorded."""
+
+Decide = Callable[[WorkingMemory], Awaitable[Decision]]
+BeforeAct = Callable[[AgentAction], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class CycleStep:
+    """One pass of PERCEIVE → DECIDE → ACT: the decision, and the gate's dispatch when the
+    decision was to act (``None`` for a finish or a reply, which the loop handles)."""
+
+    decision: Decision
+    dispatch: Dispatch | None = None
+
+
+class DecisionCycle:
+    """The cycle's seams wired together, and the two loops that run them."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        db: Database,
+        store: Store,
+        registry: ToolRegistry,
+        assembler: WorkingMemoryAssembler,
+        dispatcher: ToolDispatcher,
+        autonomous: AutonomousDriver,
+        interactive: InteractiveDriver,
+        learner: Learner,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.store = store
+        self.registry = registry
+        self.assembler = assembler
+        self.dispatcher = dispatcher
+        self.autonomous = autonomous
+        self.interactive = interactive
+        self.learner = learner
+
+    # the shared step ----------------------------------------------------------------------
+
+    async def step(
+        self,
+        ctx: InvocationContext,
+        decide: Decide,
+        *,
+        objective: str,
+        observations: list[Observation],
+        conversation: list[Turn] | None = None,
+        step_index: int = 0,
+        max_steps: int | None = None,
+        before_act: BeforeAct | None = None,
+    ) -> CycleStep:
+        """PERCEIVE (one memory read) → DECIDE (``decide``) → ACT (the gate) once.
+
+        ``before_act`` runs between the decision and the call (the autonomous loop makes the
+        step's intent durable there; the interactive loop reports the tool call).
+        """
+        wm = await self.assembler.assemble(  # PERCEIVE
+            agent=ctx.agent,
+            mode=ctx.mode,
+            objective=objective,
+            caller=ctx.caller,
+            observations=observations,
+            conversation=conversation or (),
+            step_index=step_index,
+            max_steps=max_steps,
+        )
+        decision = await decide(wm)  # DECIDE
+        if decision.kind is not DecisionKind.ACT or decision.action is None:
+            return CycleStep(decision)
+        if before_act is not None:
+            await before_act(decision.action)
+        dispatch = await self.dispatcher.execute(  # ACT
+            ctx, decision.action.tool, decision.action.args
+        )
+        return CycleStep(decision, dispatch)
+
+    # autonomous ---------------------------------------------------------------------------
+
+    async def resume(
+        self, org_id: str, run_id: UUID, *, on_step: StepCallback | None = None
+    ) -> TaskRun:
+        """Drive a RUNNING run to a terminal state, continuing after its last recorded step."""
+        run = await self.store.get_run(org_id, run_id)
+        if run.status is not RunStatus.RUNNING:
+            return run
+        agent = await self.store.get_agent(org_id, run.agent_id)
+        observations = [s.observation for s in run.steps if s.observation is not None]
+        step_index = len(run.steps)
+        # A side-effecting step whose process died after it began acting is decided again,
+        # not re-executed, and the model is told its effect is unknown. The intent is
+        # consumed in the same transaction as the audit row that keeps the evidence; a
+        # retried call carries the same idempotency key.
+        async with self.db.transaction() as conn:
+            interrupted = await self.store.take_intent(conn, org_id, run.id, step_index)
+            if interrupted is not None:
+                note = _interrupted(run, step_index, interrupted)
+                audit = self.dispatcher.audit_entry(
+                    _run_context(agent, run, step_index),
+                    interrupted,
+                    status="INTERRUPTED",
+                    reason=note.summary,
+                )
+                await self.store.insert_audit(conn, audit)
+                observations.append(note)
+        return await self.drive(agent, run, on_step, observations)
+
+    async def drive(
+        self,
+        agent: Agent,
+        run: TaskRun,
+        on_step: StepCallback | None,
+        observations: list[Observation] | None = None,
+    ) -> TaskRun:
+        """Run steps from the run's next one until it finishes or the budget ends."""
+        steps = list(run.steps)
+        if observations is None:
+            observations = [s.observation for s in steps if s.observation is not None]
+        with tracer.start_as_current_span(
+            "cortex.run", attributes={"cortex.run_id": str(run.id), "cortex.org": run.org_id}
+        ):
+            for step_index in range(len(steps), run.max_steps):
+                step, final = await self._autonomous_step(
+                    agent, run, step_index, observations, on_step
+                )
+                steps.append(step)
+                if final is not None:
+                    return final.model_copy(update={"steps": tuple(steps)})
+            final = await self._finish(
+                agent,
+                run,
+                RunStatus.FAILED,
+                reason=f"step budget of {run.max_steps} exhausted before the goal was met",
+            )
+        return final.model_copy(update={"steps": tuple(steps)})
+
+    async def _autonomous_step(
+        self,
+        agent: Agent,
+        run: TaskRun,
+        step_index: int,
+        observations: list[Observation],
+        on_step: StepCallback | None,
+    ) -> tuple[Step, TaskRun | None]:
+        """One cycle: its ledger row, and the finished run when it reached a terminal state."""
+        with tracer.start_as_current_span("cortex.step", attributes={"cortex.step": step_index}):
+            side_effects = False
+
+            async def make_intent_durable(action: AgentAction) -> None:
+                # Durable before acting: if the process dies now, resume knows this step
+                # began and decides it again instead of blindly repeating it.
+                nonlocal side_effects
+                tool = self.registry.get(action.tool)
+                side_effects = tool is not None and not tool.idempotent
+                if side_effects:
+                    await self.store.insert_intent(run.org_id, run.id, step_index, action)
+
+            cycle = await self.step(
+                _run_context(agent, run, step_index),
+                self.autonomous.decide,
+                objective=run.objective(),
+                observations=observations,
+                step_index=step_index,
+                max_steps=run.max_steps,
+                before_act=make_intent_durable,
+            )
+            decision = cycle.decision
+            if cycle.dispatch is None:
+                step = Step(
+                    run_id=run.id,
+                    step_index=step_index,
+                    decision=DecisionKind.FINISH,
+                    candidates=decision.candidates,
+                    selected=decision.selected,
+                    message=decision.message or decision.reason,
+                )
+                failed = decision.failed or decision.kind is not DecisionKind.FINISH
+                final = await self._finish(
+                    agent,
+                    run,
+                    RunStatus.FAILED if failed else RunStatus.COMPLETED,
+                    result=None if failed else decision.message,
+                    reason=decision.reason,
+                    step=step,
+                )
+                await _notify(on_step, step)
+                return step, final
+
+            dispatch = cycle.dispatch
+            observation = dispatch.observation  # OBSERVE
+            observations.append(observation)
+            step = Step(
+                run_id=run.id,
+                step_index=step_index,
+                decision=DecisionKind.ACT,
+                candidates=decision.candidates,
+                selected=decision.selected,
+                action=decision.action,
+                action_type=observation.action_type,
+                observation=observation,
+            )
+            await self.learner.record_step(  # LEARN
+                agent, run, step, decision, dispatch.audit, clear_intent=side_effects
+            )
+            await _notify(on_step, step)
+            if dispatch.refused_as_invalid:
+                # Never executed; end the run safely rather than loop on a broken plan.
+                final = await self._finish(
+                    agent,
+                    run,
+                    RunStatus.FAILED,
+                    reason=f"step {step_index + 1}: {observation.summary}",
+                )
+                return step, final
+            return step, None
+
+    async def _finish(
+        self,
+        agent: Agent,
+        run: TaskRun,
+        status: RunStatus,
+        *,
+        result: str | None = None,
+        reason: str | None = None,
+        step: Step | None = None,
+    ) -> TaskRun:
+        finished_at = await self.learner.record_result(
+            agent, run, status, result=result, reason=reason, step=step
+        )
+        return run.model_copy(
+            update={
+                "status": status,
+                "result": result,
+                "reason": reason,
+                "finished_at": finished_at,
+            }
+        )
+
+    # interactive --------------------------------------------------------------------------
+
+    async def turn(
+        self,
+        session: Session,
+        caller: Principal,
+        message: str,
+        *,
+        on_event: TurnEventSink | None = None,
+    ) -> TurnResult:
+        """One interactive turn: tool rounds through the gate, then a reply (a dialogue action).
+
+        ``on_event`` hears each tool call, its observation, and the reply or refusal as they
+        happen (the HTTP API streams them as server-sent events)."""
+        if not message.strip():
+            raise InvalidRequestError("the message is empty")
+        session = await self.store.get_session(session.org_id, session.id)
+        if caller.id != session.caller_id or caller.org_id != session.org_id:
+            raise AccessDeniedError("only the session's own caller may talk in it")
+        if session.status is not SessionStatus.OPEN:
+            raise ConflictError(f"session {session.id} has ended")
+        emit = TurnEventRelay(on_event, f"session {session.id}")
+        agent = await self.store.get_agent(session.org_id, session.agent_id)
+        history = await self.store.conversation(
+            session.org_id, session.id, limit=self.settings.conversation_window
+        )
+        user_turn = Turn(role="user", content=message)
+        ctx = InvocationContext(
+            agent=agent, caller=caller, mode=AgentMode.INTERACTIVE, session_id=session.id
+        )
+        observations: list[Observation] = []
+        new_turns: list[Turn] = [user_turn]
+        audits: list[AuditEntry] = []
+        reply: str | None = None
+        refused: str | None = None
+        round_index = 0
+        with tracer.start_as_current_span(
+            "cortex.turn", attributes={"cortex.session": str(session.id)}
+        ):
+            for round_index in range(self.settings.max_tool_rounds + 1):
+                # The last round may only reply: the bound on tool rounds.
+                last = round_index == self.settings.max_tool_rounds
+
+                async def decide(wm: WorkingMemory, allow_tools: bool = not last) -> Decision:
+                    return await self.interactive.decide(wm, allow_tools=allow_tools)
+
+                async def tool_call(action: AgentAction, index: int = round_index) -> None:
+                    await emit(
+                        TurnEvent(
+                            kind=TurnEventKind.TOOL_CALL,
+                            round=index,
+                            tool=action.tool,
+                            args=action.args,
+                        )
+                    )
+
+                cycle = await self.step(
+                    ctx,
+                    decide,
+                    objective=message,
+                    observations=observations,
+                    conversation=[*history, user_turn],
+                    before_act=tool_call,
+                )
+                decision = cycle.decision
+                if cycle.dispatch is not None and decision.action is not None:
+                    dispatch = cycle.dispatch
+                    await emit(
+                        TurnEvent(
+                            kind=TurnEventKind.OBSERVATION,
+                            round=round_index,
+                            tool=decision.action.tool,
+                            observation=dispatch.observation,
+                        )
+                    )
+                    observations.append(dispatch.observation)
+                    audits.append(dispatch.audit)
+                    new_turns.append(
+                        Turn(
+                            role="tool",
+                            content=dispatch.observation.summary,
+                            tool=decision.action.tool,
+                        )
+                    )
+                    continue
+                if decision.failed or not decision.message:
+                    refused = decision.reason
+                    break
+                # The reply is a dialogue action: it passes the gate like any other.
+                dispatch = await self.dispatcher.execute(
+                    ctx, "reply", {"message": decision.message}
+                )
+                audits.append(dispatch.audit)
+                if dispatch.observation.status is ObservationStatus.OK:
+                    reply = decision.message
+                    new_turns.append(Turn(role="assistant", content=reply))
+                else:
+                    refused = dispatch.observation.summary
+                break
+            if reply is not None:
+                await emit(TurnEvent(kind=TurnEventKind.REPLY, round=round_index, text=reply))
+            else:
+                await emit(
+                    TurnEvent(
+                        kind=TurnEventKind.REFUSED, round=round_index, text=refused or "no reply"
+                    )
+                )
+        await self.learner.record_turn(  # LEARN: one EPISODIC record per turn
+            session,
+            agent,
+            caller,
+            message,
+            reply or refused or "",
+            new_turns,
+            audits,
+            observations,
+        )
+        return TurnResult(
+            session_id=session.id, reply=reply, observations=tuple(observations), refused=refused
+        )
+
+
+def _run_context(agent: Agent, run: TaskRun, step_index: int) -> InvocationContext:
+    return InvocationContext(
+        agent=agent,
+        caller=None,
+        mode=AgentMode.AUTONOMOUS,
+        run_id=run.id,
+        step_index=step_index,
+    )
+
+
+def _interrupted(run: TaskRun, step_index: int, action: AgentAction) -> Observation:
+    summary = (
+        f"interrupted: the process stopped while {action.tool} was running; it may or may "
+        f"not have taken effect (idempotency key {run.id}:{step_index})"
+    )
+    log.warning("run %s step %d: %s", run.id, step_index, summary)
+    return Observation(
+        tool=action.tool,
+        action_type=action.action_type,
+        status=ObservationStatus.ERROR,
+        summary=summary,
+        step_index=step_index,
+    )
+
+
+async def _notify(callback: StepCallback | None, step: Step) -> None:
+    if callback is None:
+        return
+    result = callback(step)
+    if result is not None:
+        await result
+
+
+async def events_until(running: asyncio.Future[Any], events: asyncio.Queue[E]) -> AsyncIterator[E]:
+    """Yield what is put on ``events`` as it arrives, until ``running`` ends, then what is
+    left: how a turn's events cross from the task running it to a stream (the actor's
+    generator, the API's server-sent events). ``running`` is never cancelled here."""
+    while not running.done():
+        waiting = asyncio.ensure_future(events.get())
+        try:
+            await asyncio.wait({waiting, running}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+        if waiting.done() and not waiting.cancelled():
+            yield waiting.result()
+    while not events.empty():
+        yield events.get_nowait()
+
+
+class TurnEventRelay:
+    """Delivers turn events to a sink until the sink fails once (then drops them, logged):
+    a caller that stopped listening never stops the turn."""
+
+    def __init__(self, sink: TurnEventSink | None, label: str) -> None:
+        self._sink = sink
+        self._label = label
+
+    async def __call__(self, event: TurnEvent) -> None:
+        if self._sink is None:
+            return
+        try:
+            result = self._sink(event)
+            if result is not None:
+                await result
+        except Exception:
+            log.warning(
+                "%s: the turn-event sink failed; the turn goes on without it",
+                self._label,
+                exc_info=True,
+            )
+            self._sink = None

@@ -1,0 +1,170 @@
+"""LEARN: every write of long-term memory that the decision cycle makes, at its cadences.
+
+- per autonomous step: the ledger row, the gate's audit row and one EPISODIC memory, in one
+  transaction (``record_step``), which also consumes the step's intent;
+- per run: the terminal status and the run's EPISODIC result (``record_result``);
+- per interactive turn: the turn's messages, its audit rows and one EPISODIC memory
+  (``record_turn``);
+- after a session: the extraction pass, which writes SEMANTIC facts (``end_session``).
+
+Embedding and importance scoring happen before each transaction (``MemoryService.prepare``),
+so no transaction waits on a model.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+
+from opentelemetry import trace
+
+from cortex_ray._types import (
+    Agent,
+    Decision,
+    MemoryKind,
+    MemoryRecord,
+    Observation,
+    Principal,
+    RunStatus,
+    Session,
+    SessionStatus,
+    Step,
+    TaskRun,
+    Turn,
+    utcnow,
+)
+from cortex_ray.memory import MemoryService
+from cortex_ray.models import ModelClient
+from cortex_ray.storage import AuditEntry, Database, Store
+
+__all__ = ["Learner", "step_memory_text"]
+
+log = logging.getLogger("cortex_ray.cycle")
+tracer = trace.get_tracer("cortex_ray")
+
+
+def step_memory_text(step_index: int, decision: Decision, observation: Observation) -> str:
+    """The EPISODIC memory of one acting step, as the agent will recall it."""
+    action = decision.action
+    assert action is not None
+    args = ", ".join(f"{k}={v!r}" for k, v in action.args.items())
+    return (
+        f"Step {step_index + 1}: {action.tool}({args}) [{observation.action_type.value}] → "
+        f"{observation.status.value}: {observation.summary[:1000]}"
+    )
+
+
+class Learner:
+    """Writes what the cycle learned, each cadence in one transaction."""
+
+    def __init__(self, db: Database, store: Store, memory: MemoryService) -> None:
+        self._db = db
+        self._store = store
+        self._memory = memory
+
+    async def record_step(
+        self,
+        agent: Agent,
+        run: TaskRun,
+        step: Step,
+        decision: Decision,
+        audit: AuditEntry,
+        *,
+        clear_intent: bool,
+    ) -> None:
+        """An acting step: ledger row + audit row + EPISODIC memory (+ the intent consumed)."""
+        observation = step.observation
+        assert observation is not None
+        with tracer.start_as_current_span("cortex.learn"):
+            prepared = await self._memory.prepare(
+                org_id=run.org_id,
+                agent_id=agent.id,
+                kind=MemoryKind.EPISODIC,
+                content=step_memory_text(step.step_index, decision, observation),
+                run_id=run.id,
+                step_index=step.step_index,
+                metadata={"tool": observation.tool, "status": observation.status.value},
+            )
+            async with self._db.transaction() as conn:
+                await self._store.insert_step(conn, run.org_id, step)
+                await self._store.insert_audit(conn, audit)
+                await self._memory.write_prepared(conn, [prepared])
+                if clear_intent:
+                    await self._store.clear_intent(conn, run.org_id, run.id, step.step_index)
+
+    async def record_result(
+        self,
+        agent: Agent,
+        run: TaskRun,
+        status: RunStatus,
+        *,
+        result: str | None = None,
+        reason: str | None = None,
+        step: Step | None = None,
+    ) -> datetime:
+        """The terminal state and the run's EPISODIC result (and a last ledger row)."""
+        outcome = result if status is RunStatus.COMPLETED else reason
+        prepared = await self._memory.prepare(
+            org_id=run.org_id,
+            agent_id=agent.id,
+            kind=MemoryKind.EPISODIC,
+            content=f"Run '{run.goal[:200]}' {status.value.lower()}: {outcome or ''}".strip(),
+            run_id=run.id,
+            step_index=None,
+            metadata={"run_status": status.value, "result": True},
+        )
+        async with self._db.transaction() as conn:
+            if step is not None:
+                await self._store.insert_step(conn, run.org_id, step)
+            finished_at = await self._store.finish_run(
+                conn, run.org_id, run.id, status, result=result, reason=reason
+            )
+            await self._memory.write_prepared(conn, [prepared])
+        log.info("run %s %s: %s", run.id, status.value, outcome)
+        return finished_at
+
+    async def record_turn(
+        self,
+        session: Session,
+        agent: Agent,
+        caller: Principal,
+        message: str,
+        answer: str,
+        turns: Sequence[Turn],
+        audits: Sequence[AuditEntry],
+        observations: Sequence[Observation],
+    ) -> None:
+        """A turn: its messages, its audit rows and one EPISODIC memory."""
+        tools_used = ", ".join(f"{o.tool}:{o.status.value}" for o in observations) or "none"
+        prepared = await self._memory.prepare(
+            org_id=session.org_id,
+            agent_id=agent.id,
+            kind=MemoryKind.EPISODIC,
+            content=f"{caller.name or caller.id} said: {message[:1000]}\nI replied: "
+            f"{answer[:1000]}\nTools: {tools_used}",
+            session_id=session.id,
+            metadata={"turn": True, "caller": caller.id},
+        )
+        async with self._db.transaction() as conn:
+            await self._store.append_messages(conn, session.org_id, session.id, list(turns))
+            for audit in audits:
+                await self._store.insert_audit(conn, audit)
+            await self._memory.write_prepared(conn, [prepared])
+
+    async def end_session(self, session: Session, model: ModelClient | None) -> list[MemoryRecord]:
+        """End a session; the extraction pass writes the SEMANTIC facts it finds."""
+        session = await self._store.get_session(session.org_id, session.id)
+        if session.status is SessionStatus.ENDED:
+            return []
+        conversation = await self._store.conversation(session.org_id, session.id)
+        facts = await self._memory.extract_facts(
+            org_id=session.org_id,
+            agent_id=session.agent_id,
+            session_id=session.id,
+            conversation=conversation,
+            model=model,
+        )
+        async with self._db.transaction() as conn:
+            await self._store.end_session(conn, session.org_id, session.id, utcnow())
+        return facts
