@@ -34,7 +34,7 @@ import ray  # noqa: E402
 from _scratch import scratch_data_dir  # noqa: E402
 from ray import serve as ray_serve  # noqa: E402
 
-from actors import ActorKey, SessionManager, SessionPolicy  # noqa: E402
+from actors import SessionManager, SessionPolicy  # noqa: E402
 from cortex_ray import Grant, Principal, Runtime, Settings  # noqa: E402
 from cortex_ray.models import HashEmbedder  # noqa: E402
 from serve.models import run_local, served_settings, serving_config_for  # noqa: E402
@@ -79,7 +79,8 @@ async def measure(mode: str, settings: Settings, k: int) -> dict[str, Any]:
             result = await sessions.turn(org, session.id, alice, f"Say hello to guest {i}.")
             first_turn_s.append(time.perf_counter() - t0)
             assert result.reply
-            actor = ray.get_actor(ActorKey.session(org, session.id).name, namespace)
+            actor = await sessions.session_actor(org, session.id)
+            assert actor is not None
             actor_pss.append(pss_of(await actor.pid.remote()))
         replicas = sum(pss_of(p) for p in replica_pids(settings.models_app)) if app else 0.0
         return {

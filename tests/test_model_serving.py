@@ -806,9 +806,7 @@ async def test_a_session_actor_on_served_models_loads_no_weights_of_its_own(
     import uuid
     from pathlib import Path
 
-    import ray
-
-    from actors import ActorKey, SessionManager
+    from actors import SessionManager
     from cortex_ray import Grant, Principal, Runtime, SessionPolicy
     from cortex_ray.models import HashEmbedder
 
@@ -826,7 +824,8 @@ async def test_a_session_actor_on_served_models_loads_no_weights_of_its_own(
         result = await sessions.turn(org, session.id, alice, "Say hello in three words.")
         assert result.reply.strip()
         assert (await embedder.stats.remote())["calls"] > before
-        actor = ray.get_actor(ActorKey.session(org, session.id).name, sessions.policy.namespace)
+        actor = await sessions.session_actor(org, session.id)
+        assert actor is not None
         maps = Path(f"/proc/{await actor.pid.remote()}/maps").read_text()
         assert "libtorch" not in maps and "libllama" not in maps
         await sessions.end_session(org, session.id)
