@@ -280,3 +280,17 @@ def test_job_flags_override_the_settings_within_their_limits(
     assert (job.backfill_batch, job.num_cpus, job.embed) == (64, 1, False)
     with pytest.raises(InvalidRequestError, match="--max-passage-bytes"):
         job_options(settings, max_passage_bytes=3)
+
+
+def test_no_entry_point_builds_settings_by_hand() -> None:
+    """``load_settings()``, not ``Settings()``: the one that names a bad variable and reports
+    the unknown ones."""
+    offenders = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for folder in ("cortex_ray", "serve", "actors", "jobs", "bench")
+        for p in (ROOT / folder).rglob("*.py")
+        if p.name != "_settings.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"\bSettings\(\)", line)
+    ]
+    assert offenders == []
