@@ -119,7 +119,7 @@ async def test_openai_client_sends_schema_and_tools_and_parses_tool_calls() -> N
         "tool_calls",
     )
     client = OpenAICompatibleClient(
-        "http://model.local/v1", "m", http_client=openai_transport(seen, reply)
+        "http://127.0.0.1/v1", "m", http_client=openai_transport(seen, reply)
     )
     tools = (
         {
@@ -151,7 +151,7 @@ async def test_openai_client_turns_http_errors_into_model_errors() -> None:
     seen: list[dict[str, Any]] = []
     error = {"error": {"message": "model not found", "type": "invalid_request_error"}}
     client = OpenAICompatibleClient(
-        "http://model.local/v1", "m", http_client=openai_transport(seen, error, 404)
+        "http://127.0.0.1/v1", "m", http_client=openai_transport(seen, error, 404)
     )
     with pytest.raises(ModelError, match="model not found"):
         await client.chat(ChatRequest(messages=(ChatMessage(role="user", content="hi"),)))
