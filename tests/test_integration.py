@@ -69,7 +69,7 @@ async def test_autonomous_task_reaches_a_terminal_state(
         assert run.steps[-1].decision is DecisionKind.FINISH and run.result
     else:
         assert run.reason  # a failed run says why
-    audit = await real_runtime.store.audit_rows(org, run_id=run.id)
+    audit = await real_runtime.store.audit_rows(org, run_id=run.id, gate_only=True)
     assert [a["step_index"] for a in audit] == [s.step_index for s in acts]
     async with db.transaction() as conn:
         cur = await conn.execute(
@@ -104,7 +104,8 @@ async def test_interactive_turn_with_the_real_model(
         ("user", message),
         ("assistant", result.reply),
     ]
-    audit = [a for a in await real_runtime.store.audit_rows(org) if a["session_id"] == session.id]
+    rows = await real_runtime.store.audit_rows(org, gate_only=True)
+    audit = [a for a in rows if a["session_id"] == session.id]
     assert [(a["tool"], a["status"], a["principal_id"]) for a in audit] == [
         ("reply", "OK", "alice")
     ]
