@@ -42,7 +42,7 @@ from _scratch import scratch_data_dir  # noqa: E402
 
 from actors import DIRECTORY_NAME, SessionManager, SessionPolicy  # noqa: E402
 from cortex_ray import Grant, Principal, Runtime, Settings  # noqa: E402
-from cortex_ray.memory import HeuristicImportanceScorer  # noqa: E402
+from cortex_ray.memory import EMBEDDING_DIM, HeuristicImportanceScorer  # noqa: E402
 from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient  # noqa: E402
 from cortex_ray.storage import Database  # noqa: E402
 
@@ -66,7 +66,7 @@ async def scripted_runtime(settings: Settings, db: Database | None = None) -> Ru
     return await Runtime.open(
         settings,
         model=ScriptedModelClient(responder=respond, keep_requests=0),  # no request log
-        embedder=HashEmbedder(settings.embedding_dim),
+        embedder=HashEmbedder(EMBEDDING_DIM),
         importance=HeuristicImportanceScorer(),
         db=db,
     )

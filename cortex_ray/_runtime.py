@@ -80,10 +80,14 @@ from cortex_ray.act import (
     builtin_tools,
 )
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
-from cortex_ray.knowledge import VECTOR_DIM as KNOWLEDGE_DIM
 from cortex_ray.knowledge import Fusion, KnowledgeService, SearchResult, knowledge_search_tool
 from cortex_ray.learn import Learner
-from cortex_ray.memory import ImportanceScorer, MemoryService, importance_scorer_for
+from cortex_ray.memory import (
+    EMBEDDING_DIM,
+    ImportanceScorer,
+    MemoryService,
+    importance_scorer_for,
+)
 from cortex_ray.models import Embedder, ModelClient, ModelSlot, Reranker, open_models
 from cortex_ray.perceive import PromptComposer, WorkingMemoryAssembler
 from cortex_ray.storage import AuditEntry, Database, Store
@@ -205,21 +209,25 @@ class Runtime:
                 raise ConfigurationError(
                     f"embedding_backend={settings.embedding_backend} opened no embedder"
                 )
+            if emb.dim != EMBEDDING_DIM:
+                source = type(emb).__name__
+                if embedder is None:
+                    model_name = settings.embedding_model or "packaged MiniLM"
+                    source += (
+                        f" (embedding_backend={settings.embedding_backend}, "
+                        f"embedding_model={model_name})"
+                    )
+                raise ConfigurationError(
+                    f"the embedder {source} makes {emb.dim}-d vectors, but the database "
+                    f"stores {EMBEDDING_DIM}-d ones (the schema's dimension, not a setting; "
+                    "docs/operations.md)"
+                )
             if importance is None:
                 importance = importance_scorer_for(settings, chat_model)
             memory = MemoryService(database, emb, settings, importance)
-            knowledge: KnowledgeService | None = None
-            if emb.dim == KNOWLEDGE_DIM:
-                knowledge = KnowledgeService(
-                    database, emb, config=settings.knowledge, reranker=reranker or parts.reranker
-                )
-            else:
-                log.warning(
-                    "knowledge search is off: the store holds %d-d vectors, the embedder "
-                    "makes %d-d ones",
-                    KNOWLEDGE_DIM,
-                    emb.dim,
-                )
+            knowledge = KnowledgeService(
+                database, emb, config=settings.knowledge, reranker=reranker or parts.reranker
+            )
             runtime = cls(
                 settings=settings,
                 db=database,
@@ -829,12 +837,12 @@ class Runtime:
         Admins, or callers granted ``knowledge_search``.
 
         Raises:
-            UnavailableError: This runtime has no knowledge store (embedder dimension).
+            UnavailableError: This runtime was built without a knowledge store.
         """
         args = {"query": query[:200], "k": k, "collection": list(collection or ())}
         caller = await self._authorize(principal, UseCase.KNOWLEDGE_SEARCH, org_id, args=args)
         if self.knowledge is None:
-            raise UnavailableError("this runtime has no knowledge store (embedder dimension)")
+            raise UnavailableError("this runtime was built without a knowledge store")
         for name in collection or ():
             if not name or "\x00" in name or len(name) > 128:
                 raise InvalidRequestError("collection: 1 to 128 characters, no NUL")

@@ -52,6 +52,7 @@ from cortex_ray._types import (
     Step,
     TaskRun,
 )
+from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import HashEmbedder
 
 __all__ = ["app", "main"]
@@ -151,9 +152,7 @@ async def _runtime(*, with_models: bool) -> AsyncIterator[Runtime]:
         if with_models:
             runtime = await Runtime.open(settings)
         else:
-            runtime = await Runtime.open(
-                settings, model=None, embedder=HashEmbedder(settings.embedding_dim)
-            )
+            runtime = await Runtime.open(settings, model=None, embedder=HashEmbedder(EMBEDDING_DIM))
     try:
         yield runtime
     except asyncio.CancelledError:

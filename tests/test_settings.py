@@ -225,6 +225,7 @@ async def test_an_embedder_of_another_dimension_is_refused_at_open() -> None:
     with pytest.raises(ConfigurationError) as raised:
         await Runtime.open(Settings(), model=None, embedder=HashEmbedder(768), db=stand_in)
     assert "768" in str(raised.value) and str(EMBEDDING_DIM) in str(raised.value)
+    assert "HashEmbedder" in str(raised.value)  # names the embedder
 
 
 def test_a_served_embedder_of_another_dimension_is_refused() -> None:

@@ -180,6 +180,7 @@ async def _open_openai(settings: Settings, slots: frozenset[ModelSlot]) -> Model
             settings.model_name,
             api_key=settings.model_api_key,
             timeout_s=settings.model_timeout_s,
+            max_retries=settings.model_max_retries,
             default_temperature=settings.model_temperature,
             default_max_tokens=settings.model_max_tokens,
         )
@@ -195,7 +196,10 @@ async def _open_none(settings: Settings, slots: frozenset[ModelSlot]) -> ModelPa
 
 
 async def _open_hash(settings: Settings, slots: frozenset[ModelSlot]) -> ModelParts:
-    return ModelParts(embedder=HashEmbedder(settings.embedding_dim))
+    # Imported here: cortex_ray.memory imports this package.
+    from cortex_ray.memory import EMBEDDING_DIM
+
+    return ModelParts(embedder=HashEmbedder(EMBEDDING_DIM))
 
 
 register_backend(ModelBackend("local", _open_local))

@@ -241,6 +241,7 @@ class LlamaCppServer:
             self._config.model_path,
             n_ctx=self._config.n_ctx,
             n_threads=self._config.n_threads,
+            default_temperature=self._config.default_temperature,
             default_max_tokens=self._config.default_max_tokens,
         )
         log.info("llm %s ready (llama.cpp, %s)", self._config.model_id, self._client.name)
