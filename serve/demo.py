@@ -25,15 +25,8 @@ import httpx2 as httpx
 import ray
 from ray import serve as ray_serve
 
-from cortex_ray import (
-    AgentMode,
-    Grant,
-    Principal,
-    PrincipalKind,
-    Runtime,
-    Settings,
-    load_settings,
-)
+from cortex_ray import AgentMode, NotFoundError, Runtime, Settings, load_settings
+from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import HashEmbedder
 from serve._deployment import run_local
 
@@ -51,26 +44,20 @@ def _say(text: str) -> None:
 
 
 async def _prepare(settings: Settings) -> tuple[str, str]:
-    """The demo's admin key and agent, made directly in the database (no model needed)."""
-    runtime = await Runtime.open(settings, model=None, embedder=HashEmbedder(384))
+    """The demo's admin key and agent, through the core's use cases as the local operator
+    (no model needed): what ``cortex-ray api-keys create`` and ``agents create`` do."""
+    runtime = await Runtime.open(settings, model=None, embedder=HashEmbedder(EMBEDDING_DIM))
     try:
-        admin = Principal(
-            id="demo-admin",
-            org_id=ORG,
-            kind=PrincipalKind.USER,
-            name="Demo admin",
-            is_admin=True,
-            grant=Grant(tools=frozenset({"*"})),
+        created = await runtime.create_api_key(
+            ORG, "demo-admin", name="demo", admin=True, grant=["*"]
         )
-        await runtime.store.put_principal(admin)
-        key, _ = await runtime.store.create_api_key(admin, "demo")
         try:
-            agent = await runtime.store.get_agent(ORG, AGENT)
-        except Exception:
+            agent = await runtime.get_agent(ORG, AGENT)
+        except NotFoundError:
             agent = await runtime.create_agent(
                 ORG, AGENT, persona=PERSONA, mode=AgentMode.AUTONOMOUS
             )
-        return key, str(agent.id)
+        return created.key, str(agent.id)
     finally:
         await runtime.close()
 

@@ -242,3 +242,51 @@ def test_demo_runs_on_the_real_local_models(cli_env: dict[str, str], org: str) -
     assert "steps of run" in result.stdout
     assert RUN_ID.search(result.stdout)
     assert re.search(r"step 1/2 (ACT|FINISH)", result.stderr), result.stderr
+
+
+async def test_proposals_are_listed_and_decided_from_the_command_line(
+    cli_env: dict[str, str],
+) -> None:
+    """A proposed persona edit waits for the operator: ``proposals list`` shows it,
+    ``proposals approve`` applies it (through the core's use case, audited as the operator);
+    deciding twice is refused with one line."""
+    import uuid
+
+    from cortex_ray import Runtime
+
+    org = f"cli-{uuid.uuid4().hex[:8]}"
+    assert cortex(cli_env, "--org", org, "agents", "create", "editor").returncode == 0
+    settings = Settings(
+        data_dir=Path(cli_env["CORTEX_DATA_DIR"]),
+        database_url=cli_env.get("CORTEX_DATABASE_URL"),
+        embedding_backend="hash",
+    )
+    runtime = await Runtime.open(settings, model=None)
+    try:
+        agent = await runtime.get_agent(org, "editor")
+        proposal = await runtime.memory.propose_edit(
+            org_id=org,
+            agent_id=agent.id,
+            field="persona",
+            value="You are brief.",
+            rationale="shorter",
+            proposed_by=agent.principal(),
+        )
+        listed = cortex(cli_env, "--org", org, "proposals", "list", "editor", "--pending")
+        assert listed.returncode == 0, listed.stderr
+        assert str(proposal.id) in listed.stdout and "PENDING" in listed.stdout
+        approved = cortex(cli_env, "--org", org, "proposals", "approve", str(proposal.id))
+        assert approved.returncode == 0, approved.stderr
+        assert "APPROVED" in approved.stdout
+        assert (await runtime.get_agent(org, "editor")).persona == "You are brief."
+        rows = await runtime.store.audit_rows(org)
+        assert ("proposals.decide", "OK", "operator") in [
+            (r["tool"], r["status"], r["principal_id"]) for r in rows
+        ]
+        again = cortex(cli_env, "--org", org, "proposals", "approve", str(proposal.id))
+        assert_one_line_error(again, 2, "already approved")
+        assert_one_line_error(
+            cortex(cli_env, "--org", org, "proposals", "reject", "nope"), 2, "not a proposal id"
+        )
+    finally:
+        await runtime.close()
