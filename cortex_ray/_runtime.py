@@ -797,10 +797,11 @@ class Runtime:
         *,
         status: ProposalStatus | None = None,
         principal: Principal | None = None,
-    ) -> list[ProceduralProposal]:
-        """An agent's proposed procedural edits (persona, skills), oldest first."""
+    ) -> tuple[Agent, list[ProceduralProposal]]:
+        """An agent (by id or name) and its proposed procedural edits (persona, skills),
+        oldest first."""
         _, agent = await self._agent_for(principal, UseCase.PROPOSALS_LIST, org_id, agent_ref)
-        return await self.memory.proposals(org_id=org_id, agent_id=agent.id, status=status)
+        return agent, await self.memory.proposals(org_id=org_id, agent_id=agent.id, status=status)
 
     async def decide_proposal(
         self,

@@ -672,7 +672,7 @@ def proposals_list(
     async def work() -> int:
         status = ProposalStatus.PENDING if pending else None
         async with _runtime(with_models=False) as runtime:
-            proposals = await runtime.list_proposals(
+            _, proposals = await runtime.list_proposals(
                 org, agent, status=status, principal=_operator(org)
             )
         table = _list_table(f"proposals for {agent} in {org}")

@@ -551,9 +551,8 @@ def _org_router() -> APIRouter:
     ) -> ProposalList:
         """The agent's proposed edits of its procedural memory (persona, skills), oldest
         first; only ``status`` when given. An edit takes effect only when approved."""
-        agent = await state.runtime.get_agent(org, agent_ref, principal=principal)
-        proposals = await state.runtime.list_proposals(
-            org, agent.id, status=status, principal=principal
+        agent, proposals = await state.runtime.list_proposals(
+            org, agent_ref, status=status, principal=principal
         )
         return ProposalList(agent_id=agent.id, proposals=[ProposalBody.of(p) for p in proposals])
 

@@ -185,7 +185,7 @@ async def test_a_use_case_without_the_right_is_refused_and_audited(
     assert rows[0]["reason"]
     # Nothing changed: the agent, its proposal, the key.
     assert await runtime.store.get_agent(world.org, world.helper) == agent_before
-    proposals = await runtime.list_proposals(world.org, world.helper)
+    _, proposals = await runtime.list_proposals(world.org, world.helper)
     assert [p.status.value for p in proposals] == ["PENDING"]
 
 
