@@ -325,7 +325,28 @@ class Runtime:
         session_id: UUID | None = None,
         run_id: UUID | None = None,
     ) -> None:
-        entry = AuditEntry(
+        entry = self._audit_entry(
+            caller, use_case, org_id, status, reason, agent, args, session_id, run_id
+        )
+        async with self.db.transaction() as conn:
+            await self.store.insert_audit(conn, entry)
+        self._log_audited(caller, use_case, status)
+
+    @staticmethod
+    def _audit_entry(
+        caller: Principal,
+        use_case: UseCase,
+        org_id: str,
+        status: str,
+        reason: str | None,
+        agent: Agent | None,
+        args: dict[str, Any] | None,
+        session_id: UUID | None = None,
+        run_id: UUID | None = None,
+    ) -> AuditEntry:
+        """A use case's audit row (written by ``_audit``, or by the caller in the same
+        transaction as the write it audits)."""
+        return AuditEntry(
             org_id=org_id,
             principal_id=caller.id,
             agent_id=None if agent is None else agent.id,
@@ -341,8 +362,9 @@ class Runtime:
             session_id=session_id,
             idempotency_key=None,
         )
-        async with self.db.transaction() as conn:
-            await self.store.insert_audit(conn, entry)
+
+    @staticmethod
+    def _log_audited(caller: Principal, use_case: UseCase, status: str) -> None:
         log.info(
             "use case %s category=%s status=%s principal=%s",
             use_case.label,
@@ -526,10 +548,16 @@ class Runtime:
             requested_by=caller.id,
             contact_context=contact_context or None,
         )
-        created = await self.store.create_run(run)
-        await self._audited(
-            caller, UseCase.TASKS_SUBMIT, org_id, agent=agent, args=args, run_id=created.id
-        )
+        # The submission's OK row goes in the run's own transaction: one round trip of
+        # statements instead of a second transaction, and never a run without its row.
+        audit = None
+        if UseCase.TASKS_SUBMIT.audit_allowed:
+            audit = self._audit_entry(
+                caller, UseCase.TASKS_SUBMIT, org_id, "OK", None, agent, args, run_id=run.id
+            )
+        created = await self.store.create_run(run, audit=audit)
+        if audit is not None:
+            self._log_audited(caller, UseCase.TASKS_SUBMIT, "OK")
         return caller, agent, created
 
     async def run_autonomous(

@@ -86,10 +86,14 @@ class Learner:
                 step_index=step.step_index,
                 metadata={"tool": observation.tool, "status": observation.status.value},
             )
-            async with self._db.transaction() as conn:
+            # One transaction, its statements pipelined: BEGIN, then every statement in
+            # one round trip (nothing here reads a result back), then COMMIT: three round
+            # trips instead of five. The pipeline ends (its errors raised) before COMMIT,
+            # so a failed statement rolls all of them back, as before.
+            async with self._db.transaction() as conn, conn.pipeline():
                 await self._store.insert_step(conn, run.org_id, step)
                 await self._store.insert_audit(conn, audit)
-                await self._memory.write_prepared(conn, [prepared])
+                await self._memory.insert_prepared(conn, [prepared])
                 if clear_intent:
                     await self._store.clear_intent(conn, run.org_id, run.id, step.step_index)
 
@@ -114,13 +118,14 @@ class Learner:
             step_index=None,
             metadata={"run_status": status.value, "result": True},
         )
-        async with self._db.transaction() as conn:
+        # Pipelined like record_step's transaction.
+        async with self._db.transaction() as conn, conn.pipeline():
             if step is not None:
                 await self._store.insert_step(conn, run.org_id, step)
             finished_at = await self._store.finish_run(
                 conn, run.org_id, run.id, status, result=result, reason=reason
             )
-            await self._memory.write_prepared(conn, [prepared])
+            await self._memory.insert_prepared(conn, [prepared])
         log.info("run %s %s: %s", run.id, status.value, outcome)
         return finished_at
 

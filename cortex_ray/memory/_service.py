@@ -98,7 +98,7 @@ from cortex_ray.memory._importance import (
 from cortex_ray.memory._recall import (
     COLUMNS,
     memory_from_row,
-    recall_query,
+    recall_statement,
     scored_from_row,
     visibility,
 )
@@ -112,21 +112,21 @@ log = logging.getLogger("cortex_ray.memory")
 EMBEDDING_DIM = 384
 """The dimension of ``memories.embedding`` (``vector(384)`` in the schema)."""
 
-_INSERT = sql.SQL(
+_INSERT_TEMPLATE = sql.SQL(
     """
     INSERT INTO memories (org_id, id, agent_id, kind, subject, content, embedding, importance,
                           valid_from, run_id, session_id, step_index, metadata)
     VALUES (%(org_id)s, %(id)s, %(agent_id)s, %(kind)s, %(subject)s, %(content)s,
             %(embedding)s, %(importance)s, %(valid_from)s, %(run_id)s, %(session_id)s,
             %(step_index)s, %(metadata)s)
-    RETURNING {cols}
+    {returning}
     """
-).format(cols=COLUMNS)
+)
 
 # One statement per fact: close the predecessor, bound the new row by its successor (if
 # it arrived out of order) and insert it. now() is the transaction's time, so the new row's
 # recorded_at and the predecessor's superseded_at are the same instant R.
-_INSERT_SUPERSEDING = sql.SQL(
+_INSERT_SUPERSEDING_TEMPLATE = sql.SQL(
     """
     WITH pred AS (
         SELECT id FROM memories
@@ -153,9 +153,20 @@ _INSERT_SUPERSEDING = sql.SQL(
             %(embedding)s, %(importance)s, %(valid_from)s,
             (SELECT valid_from FROM succ), (SELECT now() FROM succ), (SELECT id FROM succ),
             %(run_id)s, %(session_id)s, %(step_index)s, %(metadata)s)
-    RETURNING {cols}
+    {returning}
     """
-).format(cols=COLUMNS)
+)
+
+# Each statement with its row returned (write_prepared) and without (insert_prepared),
+# rendered to bytes once: psycopg would otherwise render a Composed at every execute. Plain
+# ASCII SQL with simple identifiers renders the same without a connection.
+_RETURNING = sql.SQL("RETURNING {cols}").format(cols=COLUMNS)
+_INSERT = _INSERT_TEMPLATE.format(returning=_RETURNING).as_bytes(None)
+_INSERT_QUIET = _INSERT_TEMPLATE.format(returning=sql.SQL("")).as_bytes(None)
+_INSERT_SUPERSEDING = _INSERT_SUPERSEDING_TEMPLATE.format(returning=_RETURNING).as_bytes(None)
+_INSERT_SUPERSEDING_QUIET = _INSERT_SUPERSEDING_TEMPLATE.format(returning=sql.SQL("")).as_bytes(
+    None
+)
 
 
 def importance_scorer_for(settings: Settings, model: ModelClient | None) -> ImportanceScorer:
@@ -355,6 +366,22 @@ class MemoryService:
             psycopg.errors.UniqueViolation: A memory of this kind was already written for
                 the same run step; the caller's transaction is then aborted.
         """
+        return await self._insert(conn, prepared, returning=True)
+
+    async def insert_prepared(self, conn: Conn, prepared: Sequence[PreparedMemory]) -> None:
+        """:meth:`write_prepared` without reading the rows back, for a writer that already
+        holds what it wrote (the cycle's step memory): no row crosses the wire or becomes a
+        record, and in a pipelined transaction the INSERT waits for nothing.
+
+        Raises:
+            psycopg.errors.UniqueViolation: As :meth:`write_prepared` (raised where the
+                caller's transaction or pipeline next waits for the server).
+        """
+        await self._insert(conn, prepared, returning=False)
+
+    async def _insert(
+        self, conn: Conn, prepared: Sequence[PreparedMemory], *, returning: bool
+    ) -> list[MemoryRecord]:
         facts = [p.record for p in prepared if self._supersedes(p.record)]
         # Lock every subject first, in one global order, so that two transactions writing
         # overlapping sets of subjects cannot deadlock.
@@ -379,6 +406,10 @@ class MemoryService:
                 "step_index": r.step_index,
                 "metadata": Jsonb(r.metadata),
             }
+            if not returning:
+                query = _INSERT_SUPERSEDING_QUIET if self._supersedes(r) else _INSERT_QUIET
+                await conn.execute(query, params)
+                continue
             query = _INSERT_SUPERSEDING if self._supersedes(r) else _INSERT
             cur = await conn.execute(query, params)
             row = await cur.fetchone()
@@ -465,7 +496,7 @@ class MemoryService:
             return []
         embedding = (await self.embedder.embed([query]))[0]
         visible, params = visibility(valid_at, known_at)
-        statement = recall_query(with_kinds=kinds is not None, visible=visible)
+        statement = recall_statement(with_kinds=kinds is not None, visible=visible)
         decay = self.settings.recency_decay_per_hour
         params |= {
             "org_id": org_id,

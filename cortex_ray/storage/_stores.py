@@ -118,6 +118,45 @@ def _run(row: dict[str, Any], steps: Sequence[Step] = ()) -> TaskRun:
     )
 
 
+_INSERT_RUN = """
+INSERT INTO task_runs (org_id, id, agent_id, name, goal, status, max_steps, caller_id,
+                       requested_by, contact_context, created_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+"""
+
+# ``args`` goes as JSON text (see ``_audit_params``).
+_INSERT_AUDIT = """
+INSERT INTO audit_log (org_id, principal_id, agent_id, mode, tool, action_type, status,
+                       reason, args, duration_ms, run_id, step_index, session_id,
+                       idempotency_key)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s)
+"""
+
+# A run and the audit row of its submission in one statement (the run's parameters first).
+_INSERT_RUN_AUDITED = f"WITH run AS ({_INSERT_RUN}) {_INSERT_AUDIT}"
+
+
+def _audit_params(entry: AuditEntry) -> tuple[Any, ...]:
+    return (
+        entry.org_id,
+        entry.principal_id,
+        entry.agent_id,
+        None if entry.mode is None else entry.mode.value,
+        entry.tool,
+        entry.action_type.value,
+        entry.status,
+        entry.reason,
+        # Encoded once, as text (``default=str``: any value an argument may hold); decoding
+        # it again only for Jsonb to encode it a second time cost a second pass.
+        json.dumps(entry.args, default=str),
+        entry.duration_ms,
+        entry.run_id,
+        entry.step_index,
+        entry.session_id,
+        entry.idempotency_key,
+    )
+
+
 class AuditEntry:
     """One dispatch through the invocation gate, as the audit log records it."""
 
@@ -258,7 +297,8 @@ class Store:
         return _agent(row)
 
     async def get_agent(self, org_id: str, agent_id: UUID | str) -> Agent:
-        async with self.db.transaction() as conn:
+        # One statement: outside a transaction it is one round trip, not three.
+        async with self.db.connection() as conn:
             return await self.get_agent_in(conn, org_id, agent_id)
 
     async def get_agent_in(self, conn: Conn, org_id: str, agent_id: UUID | str) -> Agent:
@@ -314,28 +354,30 @@ class Store:
 
     # task runs and their ledger -----------------------------------------------------------
 
-    async def create_run(self, run: TaskRun) -> TaskRun:
-        async with self.db.transaction() as conn:
-            await conn.execute(
-                """
-                INSERT INTO task_runs (org_id, id, agent_id, name, goal, status, max_steps,
-                                       caller_id, requested_by, contact_context, created_at)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-                """,
-                (
-                    run.org_id,
-                    run.id,
-                    run.agent_id,
-                    run.name,
-                    run.goal,
-                    run.status.value,
-                    run.max_steps,
-                    run.caller_id,
-                    run.requested_by,
-                    None if run.contact_context is None else Jsonb(run.contact_context),
-                    run.created_at,
-                ),
-            )
+    async def create_run(self, run: TaskRun, *, audit: AuditEntry | None = None) -> TaskRun:
+        """Record a new run, and with ``audit`` the row that audits its submission.
+
+        One statement (the audit row's INSERT takes the run's as a data-modifying CTE), so
+        one transaction and one round trip: a run never exists without its row, and no
+        BEGIN or COMMIT waits on the server on its own."""
+        params = (
+            run.org_id,
+            run.id,
+            run.agent_id,
+            run.name,
+            run.goal,
+            run.status.value,
+            run.max_steps,
+            run.caller_id,
+            run.requested_by,
+            None if run.contact_context is None else Jsonb(run.contact_context),
+            run.created_at,
+        )
+        async with self.db.connection() as conn:
+            if audit is None:
+                await conn.execute(_INSERT_RUN, params)
+            else:
+                await conn.execute(_INSERT_RUN_AUDITED, params + _audit_params(audit))
         return run
 
     async def get_run(self, org_id: str, run_id: UUID) -> TaskRun:
@@ -633,30 +675,7 @@ class Store:
 
     @staticmethod
     async def insert_audit(conn: Conn, entry: AuditEntry) -> None:
-        await conn.execute(
-            """
-            INSERT INTO audit_log (org_id, principal_id, agent_id, mode, tool, action_type,
-                                   status, reason, args, duration_ms, run_id, step_index,
-                                   session_id, idempotency_key)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-            """,
-            (
-                entry.org_id,
-                entry.principal_id,
-                entry.agent_id,
-                None if entry.mode is None else entry.mode.value,
-                entry.tool,
-                entry.action_type.value,
-                entry.status,
-                entry.reason,
-                Jsonb(json.loads(json.dumps(entry.args, default=str))),
-                entry.duration_ms,
-                entry.run_id,
-                entry.step_index,
-                entry.session_id,
-                entry.idempotency_key,
-            ),
-        )
+        await conn.execute(_INSERT_AUDIT, _audit_params(entry))
 
     async def audit_rows(
         self, org_id: str, *, run_id: UUID | None = None, gate_only: bool = False
