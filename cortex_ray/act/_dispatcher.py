@@ -113,6 +113,9 @@ class ToolDispatcher:
         self.settings = settings
         self.memory = memory
         self.hooks = list(hooks)
+        # Compiled argument validators by tool name, with the schema each was built from
+        # (building one per call cost more than validating the arguments).
+        self._validators: dict[str, tuple[Any, jsonschema.Draft202012Validator]] = {}
 
     def action_space(
         self, agent: Agent, caller: Principal | None, mode: AgentMode
@@ -282,10 +285,11 @@ class ToolDispatcher:
             return refuse(f"unknown tool {name!r}")
         if not isinstance(args, dict):
             return refuse("invalid arguments: arguments must be a JSON object")
-        errors = sorted(
-            jsonschema.Draft202012Validator(tool.parameters).iter_errors(args),
-            key=lambda e: list(e.path),
-        )
+        cached = self._validators.get(name)
+        if cached is None or cached[0] is not tool.parameters:
+            cached = (tool.parameters, jsonschema.Draft202012Validator(tool.parameters))
+            self._validators[name] = cached
+        errors = sorted(cached[1].iter_errors(args), key=lambda e: list(e.path))
         if errors:
             where = "/".join(str(p) for p in errors[0].path) or "arguments"
             return refuse(f"invalid arguments: {where}: {errors[0].message}")

@@ -96,6 +96,9 @@ class ToolRegistry:
     ) -> None:
         self.classifier = classifier or ActionClassifier()
         self._tools: dict[str, Tool] = {}
+        # Every cycle lists the agent's tools: one ToolSpec per tool, built once (valid while
+        # the same Tool and classifier are in place; ToolSpec is frozen).
+        self._specs: dict[str, tuple[Tool, ActionClassifier, ToolSpec]] = {}
         for tool in tools:
             self.register(tool)
 
@@ -111,9 +114,14 @@ class ToolRegistry:
         return sorted(self._tools)
 
     def spec(self, tool: Tool) -> ToolSpec:
-        return ToolSpec(
+        cached = self._specs.get(tool.name)
+        if cached is not None and cached[0] is tool and cached[1] is self.classifier:
+            return cached[2]
+        spec = ToolSpec(
             name=tool.name,
             description=tool.description,
             parameters=dict(tool.parameters),
             action_type=self.classifier.classify(tool),
         )
+        self._specs[tool.name] = (tool, self.classifier, spec)
+        return spec

@@ -107,6 +107,22 @@ def score_schema(n: int) -> dict[str, Any]:
     }
 
 
+# Compiled argument validators by the id of the schema they were built from (kept with it,
+# so a reused id never answers for another schema). The registry hands out one ToolSpec per
+# tool, so this holds one per tool; bounded in case specs are built elsewhere.
+_VALIDATORS: dict[int, tuple[dict[str, Any], jsonschema.Draft202012Validator]] = {}
+
+
+def _validator(schema: dict[str, Any]) -> jsonschema.Draft202012Validator:
+    cached = _VALIDATORS.get(id(schema))
+    if cached is None or cached[0] is not schema:
+        if len(_VALIDATORS) >= 256:
+            _VALIDATORS.clear()
+        cached = (schema, jsonschema.Draft202012Validator(schema))
+        _VALIDATORS[id(schema)] = cached
+    return cached[1]
+
+
 def parse_candidates(raw: Any, tools: tuple[ToolSpec, ...], k: int) -> list[Candidate]:
     """Shape-check the proposal and validate each candidate; raise if none is usable."""
     if not isinstance(raw, dict) or not isinstance(raw.get("candidates"), list):
@@ -140,10 +156,7 @@ def parse_candidates(raw: Any, tools: tuple[ToolSpec, ...], k: int) -> list[Cand
         elif not isinstance(args, dict):
             reason = "invalid arguments: not an object"
         else:
-            error = next(
-                iter(jsonschema.Draft202012Validator(by_name[name].parameters).iter_errors(args)),
-                None,
-            )
+            error = next(iter(_validator(by_name[name].parameters).iter_errors(args)), None)
             if error is not None:
                 reason = f"invalid arguments: {error.message}"
         out.append(
