@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
-from opentelemetry import trace
-
 from cortex_ray._exceptions import AccessDeniedError, ConflictError, InvalidRequestError
 from cortex_ray._settings import Settings
+from cortex_ray._tracing import tracer
 from cortex_ray._types import (
     Agent,
     AgentAction,
@@ -62,7 +61,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("cortex_ray.cycle")
-tracer = trace.get_tracer("cortex_ray")
 
 E = TypeVar("E")
 

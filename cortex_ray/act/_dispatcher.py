@@ -20,9 +20,9 @@ from typing import Any, Protocol
 from uuid import UUID
 
 import jsonschema
-from opentelemetry import trace
 
 from cortex_ray._settings import Settings
+from cortex_ray._tracing import tracer
 from cortex_ray._types import (
     ActionType,
     Agent,
@@ -40,7 +40,6 @@ from cortex_ray.storage import AuditEntry, Store
 __all__ = ["Dispatch", "InvocationContext", "ToolDispatcher", "ToolHook"]
 
 log = logging.getLogger("cortex_ray.act")
-tracer = trace.get_tracer("cortex_ray")
 
 _CATEGORY_ORDER = {t: i for i, t in enumerate(ActionType)}
 

@@ -17,10 +17,10 @@ import logging
 from typing import Any
 
 import jsonschema
-from opentelemetry import trace
 
 from cortex_ray._exceptions import ModelError
 from cortex_ray._settings import Settings
+from cortex_ray._tracing import tracer
 from cortex_ray._types import (
     AgentAction,
     Candidate,
@@ -35,7 +35,6 @@ from cortex_ray.perceive import PromptComposer
 __all__ = ["NO_MODEL_REASON", "AutonomousDriver"]
 
 log = logging.getLogger("cortex_ray.decide")
-tracer = trace.get_tracer("cortex_ray")
 
 NO_MODEL_REASON = (
     "no model configured: set CORTEX_MODEL_BACKEND=local (packaged SmolLM2) or "

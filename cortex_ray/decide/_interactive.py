@@ -9,16 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from opentelemetry import trace
-
 from cortex_ray._settings import Settings
+from cortex_ray._tracing import tracer
 from cortex_ray._types import AgentAction, Decision, DecisionKind, WorkingMemory
 from cortex_ray.models import ChatRequest, ModelClient
 from cortex_ray.perceive import PromptComposer
 
 __all__ = ["InteractiveDriver"]
-
-tracer = trace.get_tracer("cortex_ray")
 
 
 class InteractiveDriver:

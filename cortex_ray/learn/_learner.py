@@ -17,8 +17,7 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime
 
-from opentelemetry import trace
-
+from cortex_ray._tracing import tracer
 from cortex_ray._types import (
     Agent,
     Decision,
@@ -41,7 +40,6 @@ from cortex_ray.storage import AuditEntry, Database, Store
 __all__ = ["Learner", "step_memory_text"]
 
 log = logging.getLogger("cortex_ray.cycle")
-tracer = trace.get_tracer("cortex_ray")
 
 
 def step_memory_text(step_index: int, decision: Decision, observation: Observation) -> str:

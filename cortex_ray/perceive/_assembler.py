@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from opentelemetry import trace
-
+from cortex_ray._tracing import tracer
 from cortex_ray._types import Agent, AgentMode, Observation, Principal, Turn, WorkingMemory
 from cortex_ray.act import ToolDispatcher
 
@@ -14,8 +13,6 @@ if TYPE_CHECKING:
     from cortex_ray.memory import MemoryService
 
 __all__ = ["WorkingMemoryAssembler"]
-
-tracer = trace.get_tracer("cortex_ray")
 
 
 class WorkingMemoryAssembler:
