@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 
 from cortex_ray._types import ActionType, AgentMode, Candidate, ScoredMemory, WorkingMemory
 from cortex_ray.models import ChatMessage
@@ -36,6 +37,15 @@ _MODE_INSTRUCTIONS = {
 
 def _join(*blocks: str) -> str:
     return "\n\n".join(b for b in blocks if b)
+
+
+def _minute(when: datetime) -> str:
+    """``when.strftime("%Y-%m-%d %H:%M")``, formatted directly: strftime goes through the C
+    library's formatter (~1.6 µs, against ~0.6 here) and every prompt shows each recalled
+    memory's time. Years below 1000 keep strftime, whose ``%Y`` does not pad them."""
+    if when.year < 1000:
+        return when.strftime("%Y-%m-%d %H:%M")
+    return f"{when.year}-{when.month:02d}-{when.day:02d} {when.hour:02d}:{when.minute:02d}"
 
 
 class PromptComposer:
@@ -73,7 +83,7 @@ class PromptComposer:
         lines = []
         for hit in recalled:
             m = hit.memory
-            when = m.valid_from.strftime("%Y-%m-%d %H:%M")
+            when = _minute(m.valid_from)
             about = f" ({m.subject})" if m.subject else ""
             lines.append(f"- [{m.kind.value.lower()} {when}]{about} {m.content}")
         return "Relevant memories:\n" + "\n".join(lines)
