@@ -11,7 +11,14 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
-from cortex_ray._types import ActionType, AgentMode, Candidate, ScoredMemory, WorkingMemory
+from cortex_ray._types import (
+    ActionType,
+    AgentMode,
+    Candidate,
+    ScoredMemory,
+    ToolSpec,
+    WorkingMemory,
+)
 from cortex_ray.models import ChatMessage
 
 __all__ = ["PromptComposer"]
@@ -53,6 +60,11 @@ class PromptComposer:
 
     def __init__(self, *, show_action_space: bool = True) -> None:
         self.show_action_space = show_action_space
+        # The action-space block by the ids of the specs it lists: every cycle of a run
+        # lists the same specs (the registry keeps one per tool). An entry keeps its specs
+        # and is used only when they equal the ones asked for (identical, in the normal
+        # case), so the text always comes from the specs shown.
+        self._action_blocks: dict[tuple[int, ...], tuple[tuple[ToolSpec, ...], str]] = {}
 
     # blocks -------------------------------------------------------------------------------
 
@@ -67,9 +79,22 @@ class PromptComposer:
     def action_space_block(self, wm: WorkingMemory) -> str:
         if not self.show_action_space or not wm.action_space:
             return ""
+        specs = wm.action_space
+        key = tuple(map(id, specs))
+        hit = self._action_blocks.get(key)
+        if hit is not None and hit[0] == specs:
+            return hit[1]
+        text = self._action_space_text(specs)
+        if len(self._action_blocks) >= 256:  # bounded: entries hold their specs alive
+            self._action_blocks.clear()
+        self._action_blocks[key] = (specs, text)
+        return text
+
+    @staticmethod
+    def _action_space_text(specs: Sequence[ToolSpec]) -> str:
         groups = []
         for category in ActionType:
-            tools = [t for t in wm.action_space if t.action_type is category]
+            tools = [t for t in specs if t.action_type is category]
             if not tools:
                 continue
             lines = "\n".join(f"- {t.name}: {t.description}" for t in tools)

@@ -1,0 +1,157 @@
+"""The caches on the cycle's hot path never serve a stale answer: whatever a cached value was
+derived from, changing it gives the new value (issue 12's overhead cuts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cortex_ray import (
+    ActionType,
+    Agent,
+    AgentMode,
+    Grant,
+    MemorySnapshot,
+    Principal,
+    Settings,
+    ToolSpec,
+    WorkingMemory,
+)
+from cortex_ray.access import AccessControlService, AccessDecision
+from cortex_ray.act import ActionClassifier, Tool, ToolContext, ToolDispatcher, ToolRegistry
+from cortex_ray.perceive import PromptComposer
+
+
+async def noop(ctx: ToolContext, args: dict[str, Any]) -> str:
+    return "ok"
+
+
+def dispatcher(
+    registry: ToolRegistry, access: AccessControlService | None = None
+) -> ToolDispatcher:
+    # action_space never touches the store.
+    return ToolDispatcher(registry, access or AccessControlService(), None, Settings())  # type: ignore[arg-type]
+
+
+def agent(tools: tuple[str, ...], **kw: Any) -> Agent:
+    return Agent(
+        org_id="acme",
+        name="a",
+        mode=AgentMode.AUTONOMOUS,
+        tools=tools,
+        grant=kw.pop("grant", Grant(tools=frozenset({"*"}))),
+        **kw,
+    )
+
+
+def names(specs: list[ToolSpec]) -> list[str]:
+    return [s.name for s in specs]
+
+
+def test_action_space_follows_the_registry_the_agent_and_the_classifier() -> None:
+    registry = ToolRegistry([Tool(name="alpha", description="a", handler=noop)])
+    gate = dispatcher(registry)
+    ada = agent(("alpha", "beta"))
+    first = gate.action_space(ada, None, AgentMode.AUTONOMOUS)
+    assert names(first) == ["alpha"]
+    first.clear()  # the caller's list is its own
+    assert names(gate.action_space(ada, None, AgentMode.AUTONOMOUS)) == ["alpha"]
+
+    registry.register(Tool(name="beta", description="b", handler=noop))  # a new tool
+    assert names(gate.action_space(ada, None, AgentMode.AUTONOMOUS)) == ["alpha", "beta"]
+
+    # A changed agent is a new object (frozen): its own tool set and grant apply.
+    narrower = ada.model_copy(update={"grant": Grant(tools=frozenset({"beta"}))})
+    assert names(gate.action_space(narrower, None, AgentMode.AUTONOMOUS)) == ["beta"]
+    assert names(gate.action_space(ada, None, AgentMode.AUTONOMOUS)) == ["alpha", "beta"]
+
+    registry.classifier = ActionClassifier({"beta": ActionType.RETRIEVAL})  # a new classifier
+    space = gate.action_space(ada, None, AgentMode.AUTONOMOUS)
+    assert names(space) == ["beta", "alpha"]  # RETRIEVAL is listed before GROUNDING
+    assert space[0].action_type is ActionType.RETRIEVAL
+
+
+def test_action_space_of_an_interactive_caller_is_its_own() -> None:
+    registry = ToolRegistry([Tool(name=n, description=n, handler=noop) for n in ("alpha", "beta")])
+    gate = dispatcher(registry)
+    ada = agent(("alpha", "beta"))
+    alice = Principal(id="alice", org_id="acme", grant=Grant(tools=frozenset({"alpha"})))
+    bob = Principal(id="bob", org_id="acme", grant=Grant(tools=frozenset({"beta"})))
+    assert names(gate.action_space(ada, alice, AgentMode.INTERACTIVE)) == ["alpha"]
+    assert names(gate.action_space(ada, bob, AgentMode.INTERACTIVE)) == ["beta"]
+    assert names(gate.action_space(ada, None, AgentMode.AUTONOMOUS)) == ["alpha", "beta"]
+
+
+class Switchable(AccessControlService):
+    """An access service that decides by state of its own."""
+
+    def __init__(self) -> None:
+        self.denied: set[str] = set()
+
+    def decide(self, agent: Agent, caller: Principal | None, tool: str, action_type: ActionType,
+               *, mode: AgentMode | None = None) -> AccessDecision:  # fmt: skip
+        if tool in self.denied:
+            return AccessDecision(False, "switched off")
+        return super().decide(agent, caller, tool, action_type, mode=mode)
+
+
+def test_action_space_asks_a_custom_access_service_every_time() -> None:
+    registry = ToolRegistry([Tool(name=n, description=n, handler=noop) for n in ("alpha", "beta")])
+    access = Switchable()
+    gate = dispatcher(registry, access)
+    ada = agent(("alpha", "beta"))
+    assert names(gate.action_space(ada, None, AgentMode.AUTONOMOUS)) == ["alpha", "beta"]
+    access.denied.add("alpha")
+    assert names(gate.action_space(ada, None, AgentMode.AUTONOMOUS)) == ["beta"]
+
+
+def working_memory(specs: tuple[ToolSpec, ...], persona: str = "Careful.") -> WorkingMemory:
+    return WorkingMemory(
+        mode=AgentMode.AUTONOMOUS,
+        agent_name="Ada",
+        persona=persona,
+        objective="o",
+        snapshot=MemorySnapshot(query="o"),
+        action_space=specs,
+    )
+
+
+def spec(name: str, description: str, action_type: ActionType = ActionType.GROUNDING) -> ToolSpec:
+    return ToolSpec(name=name, description=description, action_type=action_type)
+
+
+def test_prompt_follows_the_action_space_and_the_persona() -> None:
+    composer = PromptComposer()
+    alpha, beta = spec("alpha", "first"), spec("beta", "second")
+    text = composer.system_prompt(working_memory((alpha,)))
+    assert "- alpha: first" in text and "beta" not in text
+    assert composer.system_prompt(working_memory((alpha,))) == text
+
+    both = composer.system_prompt(working_memory((alpha, beta)))
+    assert "- alpha: first" in both and "- beta: second" in both
+
+    reworded = composer.system_prompt(working_memory((spec("alpha", "changed"),)))
+    assert "- alpha: changed" in reworded and "first" not in reworded
+
+    regrouped = composer.system_prompt(
+        working_memory((spec("alpha", "first", ActionType.RETRIEVAL),))
+    )
+    assert "RETRIEVAL (read memory or knowledge):\n- alpha: first" in regrouped
+
+    other = composer.system_prompt(working_memory((alpha,), persona="Terse."))
+    assert "You are Ada. Terse." in other and "Careful." not in other
+
+    # Equal specs built separately render the same text as the first ones.
+    assert composer.system_prompt(working_memory((spec("alpha", "first"),))) == text
+
+    composer.show_action_space = False
+    assert "Action space" not in composer.system_prompt(working_memory((alpha,)))
+    composer.show_action_space = True
+    assert composer.system_prompt(working_memory((alpha,))) == text
+
+
+def test_cached_action_space_text_is_the_uncached_text() -> None:
+    specs = (spec("alpha", "first"), spec("beta", "b", ActionType.LEARNING))
+    wm = working_memory(specs)
+    warm = PromptComposer()
+    warm.system_prompt(wm)
+    assert warm.system_prompt(wm) == PromptComposer().system_prompt(wm)
