@@ -1,9 +1,13 @@
 """The caches on the cycle's hot path never serve a stale answer: whatever a cached value was
-derived from, changing it gives the new value (issue 12's overhead cuts)."""
+derived from, changing it gives the new value; and the lighter connection checkout behaves as
+the pool's own (issue 12's overhead cuts)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import psycopg
+import pytest
 
 from cortex_ray import (
     ActionType,
@@ -19,6 +23,7 @@ from cortex_ray import (
 from cortex_ray.access import AccessControlService, AccessDecision
 from cortex_ray.act import ActionClassifier, Tool, ToolContext, ToolDispatcher, ToolRegistry
 from cortex_ray.perceive import PromptComposer
+from cortex_ray.storage import Database
 
 
 async def noop(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -155,3 +160,57 @@ def test_cached_action_space_text_is_the_uncached_text() -> None:
     warm = PromptComposer()
     warm.system_prompt(wm)
     assert warm.system_prompt(wm) == PromptComposer().system_prompt(wm)
+
+
+# The database's checkouts (``Database.connection``/``transaction``, one plain context
+# manager instead of two generator-based ones) keep ``pool.connection()``'s behaviour.
+
+
+async def _count(db: Database, org: str) -> int:
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT count(*) AS n FROM organisations WHERE id = %s", (org,))
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+async def test_transaction_commits_rolls_back_and_always_returns_the_connection(
+    db: Database, org: str
+) -> None:
+    pool = db._pool
+    for _ in range(pool.max_size + 2):  # a leaked connection would exhaust the pool
+        with pytest.raises(RuntimeError, match="boom"):
+            async with db.transaction() as conn:
+                await conn.execute("INSERT INTO organisations (id, name) VALUES (%s, '')", (org,))
+                raise RuntimeError("boom")
+    assert await _count(db, org) == 0
+
+    async with db.transaction() as conn:  # a Rollback is swallowed, as by psycopg
+        await conn.execute("INSERT INTO organisations (id, name) VALUES (%s, '')", (org,))
+        raise psycopg.Rollback()
+    assert await _count(db, org) == 0
+
+    # A statement that fails inside the transaction raises, and the connection comes back
+    # idle: the next checkout works.
+    for _ in range(pool.max_size + 2):
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            async with db.transaction() as conn:
+                await conn.execute("SELECT * FROM no_such_table")
+    async with db.transaction() as conn:
+        await conn.execute("INSERT INTO organisations (id, name) VALUES (%s, '')", (org,))
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.INTRANS
+    assert await _count(db, org) == 1
+    async with db.connection() as conn:
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+        await conn.execute("DELETE FROM organisations WHERE id = %s", (org,))
+    assert pool.get_stats()["pool_size"] <= pool.max_size
+
+
+async def test_connection_returns_after_an_error(db: Database) -> None:
+    for _ in range(db._pool.max_size + 2):
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            async with db.connection() as conn:
+                await conn.execute("SELECT * FROM no_such_table")
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT 1 AS one")
+        assert await cur.fetchone() == {"one": 1}
