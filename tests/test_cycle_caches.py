@@ -4,8 +4,11 @@ the pool's own (issue 12's overhead cuts)."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 
@@ -22,6 +25,7 @@ from cortex_ray import (
 )
 from cortex_ray.access import AccessControlService, AccessDecision
 from cortex_ray.act import ActionClassifier, Tool, ToolContext, ToolDispatcher, ToolRegistry
+from cortex_ray.models import HashEmbedder
 from cortex_ray.perceive import PromptComposer
 from cortex_ray.storage import Database
 
@@ -214,3 +218,32 @@ async def test_connection_returns_after_an_error(db: Database) -> None:
     async with db.connection() as conn:
         cur = await conn.execute("SELECT 1 AS one")
         assert await cur.fetchone() == {"one": 1}
+
+
+def _reference_hash_embedding(text: str, dim: int) -> np.ndarray:
+    """HashEmbedder's definition, word by word in float32 (its implementation before the
+    per-bucket counts and the cached word hashes)."""
+    out = np.zeros(dim, dtype=np.float32)
+    for word in re.findall(r"\w+", text.lower()):
+        value = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+        out[value % dim] += 1.0 if (value >> 63) & 1 else -1.0
+    norm = float(np.linalg.norm(out))
+    if norm > 0:
+        out /= norm
+    return out
+
+
+def test_hash_embedder_is_bit_for_bit_its_definition() -> None:
+    texts = [
+        "Step 4: current_time() [GROUNDING] → OK: {'utc': '2026-12-01T11:20:00+00:00'}",
+        "the the the THE cat sat on the mat, the end",
+        "",
+        "  !!  ",
+        "Ünïcode wörds und ÄÖÜ ß 1234 snake_case",
+    ]
+    for dim in (7, 384):
+        embedder = HashEmbedder(dim)
+        for _ in range(2):  # cold, then from the cached word hashes
+            got = embedder.embed_sync(texts)
+            for row, text in zip(got, texts, strict=True):
+                assert row.tobytes() == _reference_hash_embedding(text, dim).tobytes()
