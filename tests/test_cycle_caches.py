@@ -247,3 +247,19 @@ def test_hash_embedder_is_bit_for_bit_its_definition() -> None:
             got = embedder.embed_sync(texts)
             for row, text in zip(got, texts, strict=True):
                 assert row.tobytes() == _reference_hash_embedding(text, dim).tobytes()
+
+
+def test_agent_principal_follows_the_agent() -> None:
+    access = AccessControlService()
+    ada = agent(("alpha",))
+    first = access.principal_for(ada, None, AgentMode.AUTONOMOUS)
+    assert first == ada.principal()
+    assert access.principal_for(ada, None, AgentMode.AUTONOMOUS) == first
+    regranted = ada.model_copy(update={"grant": Grant(tools=frozenset({"beta"}))})
+    assert access.principal_for(regranted, None, AgentMode.AUTONOMOUS).grant == Grant(
+        tools=frozenset({"beta"})
+    )
+    renamed = ada.model_copy(update={"name": "b"})
+    assert access.principal_for(renamed, None, AgentMode.AUTONOMOUS).name == "b"
+    alice = Principal(id="alice", org_id="acme")
+    assert access.principal_for(ada, alice, AgentMode.INTERACTIVE) is alice
