@@ -263,3 +263,24 @@ def test_agent_principal_follows_the_agent() -> None:
     assert access.principal_for(renamed, None, AgentMode.AUTONOMOUS).name == "b"
     alice = Principal(id="alice", org_id="acme")
     assert access.principal_for(ada, alice, AgentMode.INTERACTIVE) is alice
+
+
+async def test_vectors_go_to_the_server_as_pgvector_sends_them(db: Database) -> None:
+    from pgvector import Vector
+    from psycopg.adapt import PyFormat
+
+    async with db.connection() as conn:
+        dumper = conn.adapters.get_dumper(np.ndarray, PyFormat.AUTO)(np.ndarray)
+        rng = np.random.default_rng(7)
+        for array in (
+            rng.random(384).astype(np.float32),
+            rng.random(384),  # float64: rounded to float32 as pgvector rounds it
+            rng.random(768).astype(np.float32)[::2],  # not contiguous
+            np.array([np.nan, np.inf, -0.0, 1e-45], dtype=np.float32),
+        ):
+            assert dumper.dump(array) == Vector(array).to_binary()
+        with pytest.raises(ValueError, match="ndim"):
+            dumper.dump(np.zeros((2, 2), dtype=np.float32))
+        array = rng.random(384).astype(np.float32)
+        cur = await conn.execute("SELECT %s::vector = %s::vector AS same", (array, Vector(array)))
+        assert await cur.fetchone() == {"same": True}

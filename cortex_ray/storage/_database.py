@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import warnings
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector_async
 from psycopg import AsyncTransaction
+from psycopg.adapt import Dumper, PyFormat
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -139,8 +142,30 @@ def _alembic(dsn: str, action: str, revision: str) -> None:
         engine.dispose()
 
 
+def _vector_dumper(conn: Conn) -> type[Dumper]:
+    """pgvector's binary dumper for numpy arrays, with ``dump`` writing the same bytes
+    directly: the dimension and a zero as big-endian uint16, then the floats as big-endian
+    float32. pgvector's goes through a ``Vector``, an ``array`` copy and a byte swap (every
+    recall sends the query's vector and every memory write its own)."""
+    base = conn.adapters.get_dumper(np.ndarray, PyFormat.BINARY)
+
+    class NumpyVectorBinaryDumper(base):  # type: ignore[valid-type,misc]
+        def dump(self, obj: Any) -> bytes:
+            if obj.ndim != 1:
+                raise ValueError("expected ndim to be 1")
+            floats: bytes = obj.astype(">f4", order="C").tobytes()
+            return _VECTOR_HEAD.pack(obj.shape[0], 0) + floats
+
+    return NumpyVectorBinaryDumper
+
+
+_VECTOR_HEAD = struct.Struct(">HH")
+
+
 async def _configure(conn: Conn) -> None:
     await register_vector_async(conn)
+    # Registered last, so %s (AUTO) picks it, as it picked pgvector's binary dumper.
+    conn.adapters.register_dumper(np.ndarray, _vector_dumper(conn))
     # Filtered HNSW scans keep scanning until enough rows pass the filter (pgvector 0.8),
     # so a per-agent filter never silently shrinks a recall.
     await conn.execute("SET hnsw.iterative_scan = relaxed_order")
