@@ -75,7 +75,7 @@ class AccessControlService:
     def principal_for(self, agent: Agent, caller: Principal | None, mode: AgentMode) -> Principal:
         """The principal a call runs as: the agent's own for autonomous runs, else the caller."""
         if mode is AgentMode.AUTONOMOUS or caller is None:
-            return _agent_principal(agent)
+            return agent.principal()
         return caller
 
 
@@ -180,21 +180,3 @@ def _authorize(
         if grant is None or not grant.allows("knowledge_search", ActionType.RETRIEVAL):
             return AccessDecision(False, "knowledge search denied: knowledge_search is not granted")
     return AccessDecision(True, f"{use_case.tier.value} use case")
-
-
-# The principal of an agent, by the agent object's identity: every call of a run asks for
-# the same agent's. Both are frozen and the principal is built from the agent's own fields
-# alone, so one built from this very object is the one ``agent.principal()`` would build;
-# the entry keeps the agent, so its id cannot be reused while it is cached.
-_PRINCIPALS: dict[int, tuple[Agent, Principal]] = {}
-
-
-def _agent_principal(agent: Agent) -> Principal:
-    hit = _PRINCIPALS.get(id(agent))
-    if hit is not None and hit[0] is agent:
-        return hit[1]
-    principal = agent.principal()
-    if len(_PRINCIPALS) >= 256:  # bounded: entries hold their agents alive
-        _PRINCIPALS.clear()
-    _PRINCIPALS[id(agent)] = (agent, principal)
-    return principal

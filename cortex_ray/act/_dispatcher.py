@@ -34,7 +34,7 @@ from cortex_ray._types import (
     ToolSpec,
 )
 from cortex_ray.access import AccessControlService
-from cortex_ray.act._tools import ActionClassifier, Tool, ToolContext, ToolRegistry
+from cortex_ray.act._tools import Tool, ToolContext, ToolRegistry
 from cortex_ray.storage import AuditEntry, Store
 
 __all__ = ["Dispatch", "InvocationContext", "ToolDispatcher", "ToolHook"]
@@ -70,17 +70,6 @@ class Dispatch:
             self.audit.reason
             and self.audit.reason.startswith(("unknown tool", "invalid arguments"))
         )
-
-
-@dataclass(frozen=True, slots=True)
-class _CachedSpace:
-    """One computed action space and what it was computed from (``ToolDispatcher``)."""
-
-    agent: Agent
-    caller: Principal | None
-    generation: int
-    classifier: ActionClassifier
-    specs: tuple[ToolSpec, ...]
 
 
 class ToolHook(Protocol):
@@ -126,9 +115,6 @@ class ToolDispatcher:
         # Compiled argument validators by tool name, with the schema each was built from
         # (building one per call cost more than validating the arguments).
         self._validators: dict[str, tuple[Any, jsonschema.Draft202012Validator]] = {}
-        # Action spaces by (agent, caller, mode) identity: every cycle of a run lists the
-        # same agent's tools. See ``action_space`` for when an entry is valid.
-        self._spaces: dict[tuple[int, int, AgentMode], _CachedSpace] = {}
 
     def action_space(
         self, agent: Agent, caller: Principal | None, mode: AgentMode
@@ -137,38 +123,6 @@ class ToolDispatcher:
 
         An interactive caller sees only what both the caller and the agent may do.
         """
-        # The answer depends only on the agent and the caller (frozen models, kept in the
-        # entry so their ids cannot be reused), the mode, the registry's tools and
-        # classifier, and the access rules. It is reused only while all of those are the
-        # same objects and the registry has registered nothing since; and only with the
-        # built-in AccessControlService, whose rules read nothing but their arguments (a
-        # subclass may decide by state of its own, so it is asked every time). The gate
-        # still decides every call on its own.
-        registry = self.registry
-        cacheable = type(self.access) is AccessControlService
-        key = (id(agent), id(caller), mode)
-        if cacheable:
-            hit = self._spaces.get(key)
-            if (
-                hit is not None
-                and hit.agent is agent
-                and hit.caller is caller
-                and hit.generation == registry._generation
-                and hit.classifier is registry.classifier
-            ):
-                return list(hit.specs)
-        specs = self._action_space(agent, caller, mode)
-        if cacheable:
-            if len(self._spaces) >= 256:  # bounded: entries hold their agents alive
-                self._spaces.clear()
-            self._spaces[key] = _CachedSpace(
-                agent, caller, registry._generation, registry.classifier, tuple(specs)
-            )
-        return specs
-
-    def _action_space(
-        self, agent: Agent, caller: Principal | None, mode: AgentMode
-    ) -> list[ToolSpec]:
         specs = []
         for name in agent.tools:
             tool = self.registry.get(name)

@@ -99,9 +99,6 @@ class ToolRegistry:
         # Every cycle lists the agent's tools: one ToolSpec per tool, built once (valid while
         # the same Tool and classifier are in place; ToolSpec is frozen).
         self._specs: dict[str, tuple[Tool, ActionClassifier, ToolSpec]] = {}
-        # Bumped by every register(): what was derived from the tool set (the dispatcher's
-        # cached action spaces) is valid only for the generation it was derived from.
-        self._generation = 0
         for tool in tools:
             self.register(tool)
 
@@ -109,7 +106,6 @@ class ToolRegistry:
         if not tool.name.isidentifier():
             raise ValueError(f"tool names must be identifiers: {tool.name!r}")
         self._tools[tool.name] = tool
-        self._generation += 1
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)

@@ -8,7 +8,6 @@ stay fast. Everything the program runs by default goes through ``SentenceTransfo
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import importlib.util
 import re
@@ -93,16 +92,6 @@ class SentenceTransformerEmbedder:
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
-# From this many words on, a bucket's count could leave the integers float32 holds exactly.
-_EXACT_COUNTS = 1 << 24
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _bucket(word: str, dim: int) -> tuple[int, int]:
-    """The bucket and sign of ``word``: the low 64 bits of its BLAKE2b, little-endian."""
-    value = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
-    return value % dim, 1 if (value >> 63) & 1 else -1
-
 
 class HashEmbedder:
     """Signed feature hashing of lower-cased words into ``dim`` buckets, L2-normalised."""
@@ -117,30 +106,14 @@ class HashEmbedder:
     def embed_sync(self, texts: list[str]) -> NDArray[np.float32]:
         out = np.zeros((len(texts), self._dim), dtype=np.float32)
         for row, text in enumerate(texts):
-            words = _WORD.findall(text.lower())
-            if len(words) >= _EXACT_COUNTS:
-                self._accumulate(out[row], words)
-            elif words:
-                # Each word's ±1 summed per bucket as ints, then written once: the same
-                # float32 values as adding ±1.0 into the row word by word (integers below
-                # 2**24 are exact in float32, and a bucket that sums to 0 is +0.0 either
-                # way), without a numpy scalar update and a hash per word (a benchmark's
-                # stand-in embedder: ~15 us an embedding, two a cycle).
-                counts: dict[int, int] = {}
-                for word in words:
-                    bucket, sign = _bucket(word, self._dim)
-                    counts[bucket] = counts.get(bucket, 0) + sign
-                out[row, list(counts)] = list(counts.values())
+            for word in _WORD.findall(text.lower()):
+                digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+                value = int.from_bytes(digest, "little")
+                out[row, value % self._dim] += 1.0 if (value >> 63) & 1 else -1.0
             norm = float(np.linalg.norm(out[row]))
             if norm > 0:
                 out[row] /= norm
         return out
-
-    def _accumulate(self, vector: NDArray[np.float32], words: list[str]) -> None:
-        """Word by word, in float32: for texts so long that a count could pass 2**24."""
-        for word in words:
-            bucket, sign = _bucket(word, self._dim)
-            vector[bucket] += float(sign)
 
     async def embed(self, texts: list[str]) -> NDArray[np.float32]:
         return self.embed_sync(texts)

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import warnings
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector_async
-from psycopg import AsyncTransaction
-from psycopg.adapt import Dumper, PyFormat
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -142,30 +138,8 @@ def _alembic(dsn: str, action: str, revision: str) -> None:
         engine.dispose()
 
 
-def _vector_dumper(conn: Conn) -> type[Dumper]:
-    """pgvector's binary dumper for numpy arrays, with ``dump`` writing the same bytes
-    directly: the dimension and a zero as big-endian uint16, then the floats as big-endian
-    float32. pgvector's goes through a ``Vector``, an ``array`` copy and a byte swap (every
-    recall sends the query's vector and every memory write its own)."""
-    base = conn.adapters.get_dumper(np.ndarray, PyFormat.BINARY)
-
-    class NumpyVectorBinaryDumper(base):  # type: ignore[valid-type,misc]
-        def dump(self, obj: Any) -> bytes:
-            if obj.ndim != 1:
-                raise ValueError("expected ndim to be 1")
-            floats: bytes = obj.astype(">f4", order="C").tobytes()
-            return _VECTOR_HEAD.pack(obj.shape[0], 0) + floats
-
-    return NumpyVectorBinaryDumper
-
-
-_VECTOR_HEAD = struct.Struct(">HH")
-
-
 async def _configure(conn: Conn) -> None:
     await register_vector_async(conn)
-    # Registered last, so %s (AUTO) picks it, as it picked pgvector's binary dumper.
-    conn.adapters.register_dumper(np.ndarray, _vector_dumper(conn))
     # Filtered HNSW scans keep scanning until enough rows pass the filter (pgvector 0.8),
     # so a per-agent filter never silently shrinks a recall.
     await conn.execute("SET hnsw.iterative_scan = relaxed_order")
@@ -230,84 +204,23 @@ class Database:
         log.info("database ready (%s)", "embedded" if embedded else "configured DSN")
         return cls(dsn, pool, embedded)
 
-    def connection(self) -> AbstractAsyncContextManager[Conn]:
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Conn]:
         """A connection outside any transaction: for single-statement reads."""
-        return _Checkout(self._pool, begin=False)
+        async with self._pool.connection() as conn:
+            yield conn
 
-    def transaction(self) -> AbstractAsyncContextManager[Conn]:
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Conn]:
         """A connection inside one transaction: committed on success, rolled back on error."""
-        return _Checkout(self._pool, begin=True)
+        async with self._pool.connection() as conn, conn.transaction():
+            yield conn
 
     async def close(self) -> None:
         await self._pool.close()
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
             self._embedded = None
-
-
-class _Checkout:
-    """``async with pool.connection() as conn`` (with ``begin``: ``..., conn.transaction()``)
-    as one plain context manager: the same calls in the same order (``getconn``; the
-    transaction's enter and exit; the connection's own exit, which commits or rolls back;
-    ``putconn`` whatever happens), without the two generator-based context managers around
-    them. Every cycle checks a connection out twice, and those layers cost ~3 us of the
-    ~7 us a checkout took. (The pool's ``usage_ms`` statistic, kept only by its
-    ``connection()``, is not updated; nothing here reads the pool's statistics.)"""
-
-    __slots__ = ("_begin", "_conn", "_pool", "_txn")
-
-    def __init__(self, pool: AsyncConnectionPool[Conn], *, begin: bool) -> None:
-        self._pool = pool
-        self._begin = begin
-        self._conn: Conn | None = None
-        self._txn: AbstractAsyncContextManager[AsyncTransaction] | None = None
-
-    async def __aenter__(self) -> Conn:
-        conn = await self._pool.getconn()
-        self._conn = conn
-        if self._begin:
-            txn = conn.transaction()
-            try:
-                await txn.__aenter__()
-            except BaseException as exc:
-                await self._release(type(exc), exc, exc.__traceback__)
-                raise
-            self._txn = txn
-        return conn
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        # As nested ``async with``: the transaction exits first; what it raises, or the
-        # body's exception unless it suppressed it (a ``Rollback``), reaches the connection.
-        txn, self._txn = self._txn, None
-        suppressed = False
-        if txn is not None:
-            try:
-                suppressed = bool(await txn.__aexit__(exc_type, exc, tb))
-            except BaseException as raised:
-                await self._release(type(raised), raised, raised.__traceback__)
-                raise
-            if suppressed:
-                exc_type, exc, tb = None, None, None
-        await self._release(exc_type, exc, tb)
-        return suppressed
-
-    async def _release(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        conn, self._conn = self._conn, None
-        assert conn is not None
-        try:
-            await conn.__aexit__(exc_type, exc, tb)
-        finally:
-            await self._pool.putconn(conn)
 
 
 def _first_line(exc: BaseException) -> str:
