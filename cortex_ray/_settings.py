@@ -433,7 +433,8 @@ class Settings(BaseSettings):
 
     @property
     def uses_served_models(self) -> bool:
-        """A model or the embedder is ``served``: only the Ray layers can open this runtime."""
+        """A model or the embedder is ``served``: opened through Serve handles, so only inside a
+        Ray cluster (the backend registry finds it by entry point)."""
         return self.model_backend == "served" or self.embedding_backend == "served"
 
     @property

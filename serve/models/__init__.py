@@ -6,8 +6,9 @@
 with vLLM on GPU) and the ``ModelIngress`` (FastAPI: ``/v1/models``, ``/v1/embeddings``,
 ``/v1/chat/completions``, ``/v1/rerank``, ``/health``). ``HandleEmbedder``,
 ``HandleModelClient`` and ``HandleReranker`` give code inside the cluster the core's model
-seams over deployment handles; ``open_served_runtime`` opens a ``Runtime`` on them for the
-settings' ``served`` backends. Guide: docs/model_serving.md.
+seams over deployment handles; ``SERVED_BACKEND`` is the ``served`` model backend that
+``Runtime.open`` finds by entry point (``open_served_runtime`` remains as an alias of
+``Runtime.open``). Guide: docs/model_serving.md.
 """
 
 from serve.models._builder import (
