@@ -321,3 +321,41 @@ async def test_config_file_with_in_process_executor(
         deployed.model.release()
     assert run["status"] == "COMPLETED", run
     assert run["result"] == "done"
+
+
+@pytest.mark.parametrize("name", ["serve-api.yaml", "serve-cpu.yaml", "serve-gpu.yaml"])
+def test_model_serving_configs_set_capacity_and_guards(name: str) -> None:
+    """Every config file's model app validates with its capacity and guard fields, and a
+    file whose proxy binds beyond loopback never leaves the model routes open."""
+    import ipaddress
+
+    from ray.serve.schema import ServeDeploySchema
+
+    from serve.models import ModelServingConfig
+
+    raw = yaml.safe_load((CONFIG.parent / name).read_text())
+    schema = ServeDeploySchema.model_validate(raw)
+    (models,) = [app for app in schema.applications if app.import_path == "serve.models:build_app"]
+    config = ModelServingConfig.model_validate(models.args)
+    host = raw["http_options"]["host"]
+    loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    ingress = models.args["ingress"]
+    assert "require_keys" in ingress  # said in the file, not left to a default
+    if name != "serve-api.yaml":
+        assert {"max_body_bytes", "max_concurrent_per_key"} <= set(ingress)
+    if not loopback:
+        assert config.ingress.require_keys is True, f"{name} binds {host} with open model routes"
+        env = (models.runtime_env or {}).get("env_vars", {})
+        assert env.get("CORTEX_DATABASE_URL"), "keys need the API's database"
+    assert config.llm is not None
+    if config.llm.backend == "llama_cpp":
+        assert config.llm.max_ongoing_requests > 1 + config.llm.max_waiting
+        if name == "serve-cpu.yaml":
+            scaling = config.llm.deployment.autoscaling_config
+            assert scaling is not None and scaling["min_replicas"] <= scaling["max_replicas"]
+            assert "target_ongoing_requests" in scaling
+    else:
+        deployment = (config.llm.vllm or {})["deployment_config"]
+        assert deployment["max_ongoing_requests"] >= 1
+        assert deployment["max_queued_requests"] >= 1
+        assert deployment["autoscaling_config"]["max_replicas"] >= 1

@@ -44,7 +44,9 @@ def build_models_app(config: ModelServingConfig | None = None) -> Application:
         if cfg.llm.backend == "vllm":
             llm = build_vllm_deployment(cfg.llm)
         else:
-            llm = LlamaCppDeployment.options(**cfg.llm.deployment.as_options()).bind(cfg.llm)
+            options = cfg.llm.deployment.as_options()
+            options["max_ongoing_requests"] = cfg.llm.max_ongoing_requests
+            llm = LlamaCppDeployment.options(**options).bind(cfg.llm)
     ingress = ModelIngress.options(**cfg.ingress.deployment.as_options())
     return ingress.bind(cfg, embedder=embedder, reranker=reranker, llm=llm)
 

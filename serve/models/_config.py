@@ -42,16 +42,30 @@ class _Strict(BaseModel):
 class DeploymentOptions(_Strict):
     """The Serve options of one deployment (``Deployment.options(**...)``).
 
-    ``autoscaling_config`` (``{min_replicas, max_replicas, target_ongoing_requests, ...}``)
-    and ``num_replicas`` exclude each other; ``ray_actor_options`` takes ``num_cpus``,
-    ``num_gpus``, ``memory``, ``accelerator_type``, ``runtime_env`` and the rest of Ray's
-    actor options.
+    ``autoscaling_config`` (``{min_replicas, max_replicas, target_ongoing_requests, ...}``,
+    Serve's ``AutoscalingConfig``: replicas are added while the requests in flight per
+    replica stay above ``target_ongoing_requests``) and ``num_replicas`` exclude each other;
+    ``max_ongoing_requests`` is what one replica is handed at a time (Serve's default: 5);
+    ``max_queued_requests`` bounds what each caller (a proxy or a handle) holds back when
+    every replica is full: one more is refused (HTTP 503, ``BackPressureError`` on a
+    handle) instead of waiting (Serve's default -1: no bound). ``ray_actor_options`` takes
+    ``num_cpus``, ``num_gpus``, ``memory``, ``accelerator_type``, ``runtime_env`` and the
+    rest of Ray's actor options.
     """
 
     num_replicas: int | None = Field(default=None, ge=1)
     autoscaling_config: dict[str, Any] | None = None
     max_ongoing_requests: int | None = Field(default=None, ge=1)
+    max_queued_requests: int | None = Field(default=None, ge=-1)
     ray_actor_options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_autoscaling(self) -> DeploymentOptions:
+        if self.autoscaling_config is not None:
+            from ray.serve.config import AutoscalingConfig  # Ray is there: Serve runs this
+
+            AutoscalingConfig.model_validate(self.autoscaling_config)
+        return self
 
     @model_validator(mode="after")
     def _one_scaling_mode(self) -> DeploymentOptions:
@@ -112,6 +126,15 @@ class LlmConfig(_Strict):
     SmolLM2 by default). ``backend="vllm"``: Ray Serve LLM's ``LLMServer`` (vLLM, GPU),
     built from ``vllm``, which is a ``ray.serve.llm.LLMConfig`` as a mapping; its
     ``model_loading_config.model_id`` is the name clients send.
+
+    Capacity of the llama.cpp backend: a replica generates one request at a time (a
+    llama.cpp context is not thread-safe); up to ``max_waiting`` more wait for it, first
+    come first served. One more is refused at once with 503 ``model_overloaded``, and so is
+    a request that waited ``queue_timeout_s`` for the model: a bounded wait, never an
+    unbounded queue. More throughput comes from more replicas (``deployment``'s
+    ``autoscaling_config``); each replica is handed up to ``max_ongoing_requests`` (unset:
+    ``2 × (1 + max_waiting)``, so that what is over capacity reaches a replica and is
+    refused there rather than waiting at the caller).
     """
 
     backend: Literal["llama_cpp", "vllm"] = "llama_cpp"
@@ -136,6 +159,18 @@ class LlmConfig(_Strict):
         description="sampling temperature when a request sets none",
     )
     vllm: dict[str, Any] | None = Field(default=None, description="ray.serve.llm.LLMConfig")
+    max_waiting: int = Field(
+        default=16,
+        ge=0,
+        description="llama_cpp: requests a replica keeps waiting behind the one it generates; "
+        "one more gets 503 model_overloaded at once",
+    )
+    queue_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="llama_cpp: a request that waited this long for the model gets 503 "
+        "model_overloaded",
+    )
     # llama.cpp picks its own threads; half a CPU keeps the defaults inside 2 CPUs
     deployment: DeploymentOptions = DeploymentOptions(ray_actor_options={"num_cpus": 0.5})
 
@@ -144,6 +179,23 @@ class LlmConfig(_Strict):
         if self.backend == "vllm" and not self.vllm:
             raise ValueError("backend=vllm needs llm.vllm (a ray.serve.llm.LLMConfig mapping)")
         return self
+
+    @model_validator(mode="after")
+    def _over_capacity_reaches_the_replica(self) -> LlmConfig:
+        given = self.deployment.max_ongoing_requests
+        if self.backend == "llama_cpp" and given is not None and given <= 1 + self.max_waiting:
+            raise ValueError(
+                f"llm.deployment.max_ongoing_requests ({given}) must exceed 1 + llm.max_waiting "
+                f"({1 + self.max_waiting}): what a replica is not handed waits at the caller, "
+                "where no bound applies, instead of being refused with 503"
+            )
+        return self
+
+    @property
+    def max_ongoing_requests(self) -> int:
+        """What Serve hands one llama.cpp replica at a time (see the class docstring)."""
+        given = self.deployment.max_ongoing_requests
+        return given if given is not None else 2 * (1 + self.max_waiting)
 
     @property
     def served_id(self) -> str:
@@ -155,8 +207,28 @@ class LlmConfig(_Strict):
 
 
 class IngressConfig(_Strict):
-    """Limits the OpenAI-compatible front door checks before any model runs (400 beyond)."""
+    """Limits the OpenAI-compatible front door checks before any model runs (400 beyond),
+    and its guards, checked before a body is read.
 
+    ``require_keys``: every route but ``/health`` takes a bearer API key from the API's own
+    key store (``cortex-ray api-keys create``; the ``api_keys`` table of the database that
+    ``CORTEX_DATABASE_URL`` names in the replica's environment), 401 without a valid one.
+    Unset (the default) it is on when Serve's HTTP proxy binds beyond loopback and off only
+    on 127.0.0.1 / ::1 / localhost, the local no-key default. ``max_body_bytes`` is checked
+    against ``Content-Length`` before the body is read and counted while a chunked body
+    streams in (413 beyond). With keys, one key has at most ``max_concurrent_per_key``
+    requests in flight at a replica (429 with ``Retry-After: retry_after_s`` beyond).
+    """
+
+    require_keys: bool | None = Field(
+        default=None,
+        description="bearer API keys on the model routes; unset → when Serve binds beyond loopback",
+    )
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="413 beyond")
+    max_concurrent_per_key: int = Field(
+        default=8, ge=1, description="requests in flight per key and replica; 429 beyond"
+    )
+    retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 429 or a 503")
     max_embedding_inputs: int = Field(default=2048, ge=1)
     max_input_chars: int = Field(default=50_000, ge=1, description="per text, message or doc")
     max_messages: int = Field(default=256, ge=1)

@@ -5,23 +5,36 @@ Routes: ``GET /v1/models``, ``GET /v1/models/{model}``, ``POST /v1/embeddings``,
 ``data: [DONE]``), ``POST /v1/rerank`` (the Cohere/Jina shape vLLM serves) and
 ``GET /health`` (each model's availability). Bodies are validated strictly before any
 model runs; every refusal is OpenAI's error body (see ``serve/models/_openai.py``).
+
+Guards (``IngressConfig``), before a body is read: bearer API keys from the API's key store
+(401; on unless Serve binds only to loopback), a body-size limit (413; ``Content-Length``
+first, a chunked body counted as it streams) and per-key concurrency (429 with
+``Retry-After``). ``/health`` stays open.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hashlib
+import ipaddress
 import json
 import logging
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
 
-from serve.models._config import ModelServingConfig
+from cortex_ray import Principal, load_settings
+from cortex_ray.storage import Database, Store
+from serve.models._config import IngressConfig, ModelServingConfig
 from serve.models._llm import ChatBackend, chat_backend
 from serve.models._openai import (
     ChatCompletionRequest,
@@ -36,6 +49,7 @@ from serve.models._openai import (
 try:
     from ray import serve as ray_serve
     from ray.serve import Deployment
+    from ray.serve.exceptions import BackPressureError
     from ray.serve.handle import DeploymentHandle
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("model serving needs Ray Serve: pip install 'cortex-ray[ray]'") from exc
@@ -82,13 +96,21 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
 async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return Failure(exc.status_code, str(exc.detail), type=kind, code=code).response()
+    code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
+        exc.status_code
+    )
+    message = str(exc.detail)
+    if exc.status_code == 413 and (limit := request.scope.get("starlette.max_body_size")):
+        message = f"the request body is larger than this server accepts ({limit} bytes)"
+    return Failure(exc.status_code, message, type=kind, code=code).response()
 
 
 async def _on_failure(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FailureError)
-    return exc.failure.response()
+    response = exc.failure.response()
+    if exc.failure.status == 503 and exc.failure.code == "model_overloaded":
+        response.headers["Retry-After"] = str(request.app.state.retry_after_s)
+    return response
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -100,20 +122,200 @@ def _sse(item: dict[str, Any]) -> str:
     return f"data: {json.dumps(item, separators=(',', ':'))}\n\n"
 
 
+def _overloaded_backpressure(model: str) -> Failure:
+    return Failure(
+        503,
+        f"the model {model} is over capacity (every replica's queue is full); retry later",
+        type="server_error",
+        code="model_overloaded",
+    )
+
+
+# --- guards ----------------------------------------------------------------------------------
+
+
+def serve_binds_loopback_only() -> bool:
+    """Whether Serve's HTTP proxy listens on a loopback address only (127.0.0.1, ::1,
+    localhost). False when it binds beyond, and when that cannot be told (fail closed)."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client(raise_if_no_controller_running=False)
+        host = None if client is None else str(client.http_config.host)
+    except Exception:  # no controller, or not inside Ray: assume exposed
+        log.warning("cannot read Serve's HTTP host; the model routes require API keys")
+        return False
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class KeyStore:
+    """The API's key store (``Store.principal_for_api_key`` over the ``api_keys`` table),
+    opened on first use from the replica's settings (``CORTEX_DATABASE_URL``); it checks
+    the schema but never migrates it: the API owns that."""
+
+    def __init__(self) -> None:
+        self._db: Database | None = None
+        self._store: Store | None = None
+        self._opening = asyncio.Lock()
+
+    async def principal(self, key: str) -> Principal | None:
+        async with self._opening:
+            if self._store is None:
+                settings = load_settings().model_copy(
+                    update={"migrate": False, "pool_min_size": 1, "pool_max_size": 4}
+                )
+                self._db = await Database.open(settings)
+                self._store = Store(self._db)
+        return await self._store.principal_for_api_key(key)
+
+    async def aclose(self) -> None:
+        if self._db is not None:
+            await self._db.close()
+            self._db = self._store = None
+
+
+class _GuardedApp(FastAPI):
+    """FastAPI behind the ingress guards: every route but ``/health`` passes, in this
+    order and before its body is read, the declared body size (413), the bearer key (401)
+    and the key's concurrency (429 with ``Retry-After``). A chunked body is counted as it
+    streams, by FastAPI's ``max_body_size`` (its 413 is rendered by ``_on_http``)."""
+
+    guard_limits: IngressConfig
+    keys: KeyStore | None  # None: no keys asked for (loopback only, or switched off)
+    _in_flight: dict[str, int]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        path: str = scope["path"]
+        root: str = scope.get("root_path", "")
+        route = path[len(root) :] if root and path.startswith(root) else path
+        if route == "/health":
+            await super().__call__(scope, receive, send)
+            return
+        limits = self.guard_limits
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limits.max_body_bytes:
+            refusal = Failure(
+                413,
+                f"the request body is larger than this server accepts "
+                f"({limits.max_body_bytes} bytes)",
+                code="request_too_large",
+            )
+            await refusal.response()(scope, receive, send)
+            return
+        if self.keys is None:
+            await super().__call__(scope, receive, send)
+            return
+        slot = await self._authenticate(headers)
+        if isinstance(slot, JSONResponse):
+            await slot(scope, receive, send)
+            return
+        if self._in_flight.get(slot, 0) >= limits.max_concurrent_per_key:
+            busy = Failure(
+                429,
+                f"this API key has {limits.max_concurrent_per_key} requests in flight, the "
+                "most it may; retry when one has finished",
+                type="rate_limit_error",
+                code="too_many_concurrent_requests",
+            ).response()
+            busy.headers["Retry-After"] = str(limits.retry_after_s)
+            await busy(scope, receive, send)
+            return
+        self._in_flight[slot] = self._in_flight.get(slot, 0) + 1
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            left = self._in_flight[slot] - 1
+            if left:
+                self._in_flight[slot] = left
+            else:
+                del self._in_flight[slot]
+
+    async def _authenticate(self, headers: Headers) -> str | JSONResponse:
+        """The key's concurrency slot (its digest), or the 401 / 503 to answer."""
+        assert self.keys is not None
+        scheme, _, key = headers.get("authorization", "").partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            return _unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
+        try:
+            principal = await self.keys.principal(key)
+        except Exception:  # the database: logged here, not shown
+            log.exception("the key store could not be read")
+            return Failure(
+                503,
+                "the key store is unavailable; retry later",
+                type="server_error",
+                code="key_store_unavailable",
+            ).response()
+        if principal is None:
+            return _unauthenticated("invalid API key (unknown or revoked)", invalid=True)
+        return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _unauthenticated(message: str, *, invalid: bool = False) -> JSONResponse:
+    response = Failure(401, message, code="invalid_api_key").response()
+    response.headers["WWW-Authenticate"] = 'Bearer error="invalid_token"' if invalid else "Bearer"
+    return response
+
+
 def create_model_app(
     config: ModelServingConfig,
     *,
     embedder: DeploymentHandle[Any] | None,
     reranker: DeploymentHandle[Any] | None,
     llm: DeploymentHandle[Any] | None,
+    require_keys: bool | None = None,
 ) -> FastAPI:
-    """The FastAPI app over the deployments' handles (``None``: not deployed)."""
+    """The FastAPI app over the deployments' handles (``None``: not deployed).
+
+    ``require_keys``: the resolved ``config.ingress.require_keys`` (``None``: resolve it
+    here, from where Serve's proxy binds).
+    """
     limits = config.ingress
+    if require_keys is None:
+        require_keys = limits.require_keys
+    if require_keys is None:
+        require_keys = not serve_binds_loopback_only()
+    keys = KeyStore() if require_keys else None
     chat: ChatBackend | None = (
         chat_backend(config.llm.backend, llm) if llm is not None and config.llm else None
     )
     created = now()
-    app = FastAPI(title="cortex-ray models", docs_url="/docs", redoc_url=None)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if keys is not None:
+                await keys.aclose()
+
+    app = _GuardedApp(
+        title="cortex-ray models",
+        docs_url="/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+        max_body_size=limits.max_body_bytes,
+    )
+    app.guard_limits = limits
+    app.keys = keys
+    app._in_flight = {}
+    app.state.retry_after_s = limits.retry_after_s
+    if keys is None:
+        log.info("model routes open without API keys (Serve binds to loopback only)")
+    else:
+        log.info("model routes require API keys (the API's key store)")
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)
     app.add_exception_handler(FailureError, _on_failure)
@@ -182,7 +384,7 @@ def create_model_app(
                 "available": True,
                 "reason": None,
             }
-        return {"status": "ok", "models": models}
+        return {"status": "ok", "keys_required": keys is not None, "models": models}
 
     async def model_cards() -> list[dict[str, Any]]:
         ids = []
@@ -302,13 +504,17 @@ def create_model_app(
                     code="invalid_value",
                 )
             )
-        if not body.stream:
-            result = await chat.chat(body)
-            if isinstance(result, Failure):
-                raise FailureError(result)
-            return JSONResponse(result)
-        stream = chat.chat_stream(body)
-        first = await anext(stream, None)
+        assert config.llm is not None
+        try:
+            if not body.stream:
+                result = await chat.chat(body)
+                if isinstance(result, Failure):
+                    raise FailureError(result)
+                return JSONResponse(result)
+            stream = chat.chat_stream(body)
+            first = await anext(stream, None)
+        except BackPressureError:  # every replica full and the caller's queue too
+            raise FailureError(_overloaded_backpressure(config.llm.served_id)) from None
         if isinstance(first, Failure):
             raise FailureError(first)
 
@@ -343,9 +549,17 @@ class _ModelIngressReplica:
     ) -> None:
         self._config = config
         self._handles = {"embedder": embedder, "reranker": reranker, "llm": llm}
+        required = config.ingress.require_keys
+        self._require_keys = not serve_binds_loopback_only() if required is None else required
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_model_app(self._config, **self._handles)
+        return create_model_app(
+            self._config,
+            embedder=self._handles["embedder"],
+            reranker=self._handles["reranker"],
+            llm=self._handles["llm"],
+            require_keys=self._require_keys,
+        )
 
     def config(self) -> ModelServingConfig:
         """What this app serves (``ModelHandles.connect`` reads it through a handle)."""

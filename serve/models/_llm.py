@@ -18,7 +18,9 @@ import contextlib
 import json
 import logging
 import threading
+import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -224,13 +226,36 @@ def _finish(reason: str | None, tool_calls: bool = False) -> str:
 # --- the CPU deployment --------------------------------------------------------------------
 
 
+def _kind(request: ChatRequest) -> str:
+    """What a request is, for the counters: its schema's name, "tools" or "text"."""
+    if request.response_schema is not None:
+        return request.schema_name
+    return "tools" if request.tools else "text"
+
+
+def _overloaded(model: str, reason: str) -> Failure:
+    return Failure(
+        503,
+        f"the model {model} is over capacity ({reason}); retry later",
+        type="server_error",
+        code="model_overloaded",
+    )
+
+
 class LlamaCppServer:
     """A GGUF chat model (the packaged SmolLM2 by default) through the core's
     ``LlamaCppClient``; llama.cpp runs one generation at a time per replica.
 
+    Requests wait for the model in arrival order (an ``asyncio.Lock`` is FIFO), at most
+    ``config.max_waiting`` of them and each at most ``config.queue_timeout_s``; beyond
+    either the request is answered 503 ``model_overloaded`` (a ``Failure``) without running.
+    A caller that goes away while its request waits takes it out of the line; one that goes
+    away mid-generation leaves the model busy until that generation ends (a stream stops at
+    the next token; a whole completion runs to its token limit in its thread).
+
     Handle methods (OpenAI chat-completions dicts): ``chat(request) -> dict | Failure``,
     ``chat_stream(request)`` (a streaming generator of chunk dicts, or one ``Failure``),
-    ``health() -> dict``.
+    ``health() -> dict``, ``load() -> dict`` (requests in flight, waiting, served, refused).
     """
 
     def __init__(self, config: LlmConfig | None = None) -> None:
@@ -244,10 +269,57 @@ class LlamaCppServer:
             default_temperature=self._config.default_temperature,
             default_max_tokens=self._config.default_max_tokens,
         )
+        self._model_free = asyncio.Lock()
+        self._in_flight = 0  # generating (0 or 1) + waiting
+        self._served: Counter[str] = Counter()  # by kind: a schema's name, "tools" or "text"
+        self._refused: Counter[str] = Counter()
+        self._longest_wait_s = 0.0
         log.info("llm %s ready (llama.cpp, %s)", self._config.model_id, self._client.name)
 
     async def health(self) -> dict[str, Any]:
         return {"model_id": self._config.model_id, "available": True, "reason": None}
+
+    async def load(self) -> dict[str, Any]:
+        """This replica's line for the model, as counters."""
+        generating = int(self._model_free.locked())
+        return {
+            "in_flight": self._in_flight,
+            "generating": generating,
+            "waiting": self._in_flight - generating,
+            "max_waiting": self._config.max_waiting,
+            "served": sum(self._served.values()),
+            "refused": sum(self._refused.values()),
+            "served_by_kind": dict(self._served),
+            "refused_by_kind": dict(self._refused),
+            "longest_wait_s": round(self._longest_wait_s, 3),
+        }
+
+    async def _admit(self, kind: str) -> Failure | None:
+        """Take the model (waiting in line), or say why not; ``_leave`` gives it back.
+        ``kind`` labels the counters (the request's schema name, "tools" or "text")."""
+        cfg = self._config
+        if self._in_flight >= 1 + cfg.max_waiting:
+            self._refused[kind] += 1
+            return _overloaded(cfg.model_id, f"{cfg.max_waiting} requests wait for it already")
+        self._in_flight += 1
+        started = time.monotonic()
+        try:
+            # wait_for returns the lock when it was taken just as the time ran out
+            await asyncio.wait_for(self._model_free.acquire(), cfg.queue_timeout_s)
+        except TimeoutError:
+            self._in_flight -= 1
+            self._refused[kind] += 1
+            return _overloaded(cfg.model_id, f"waited {cfg.queue_timeout_s:g} s for it")
+        except BaseException:  # the caller went away while waiting
+            self._in_flight -= 1
+            raise
+        self._longest_wait_s = max(self._longest_wait_s, time.monotonic() - started)
+        return None
+
+    def _leave(self, kind: str) -> None:
+        self._in_flight -= 1
+        self._served[kind] += 1
+        self._model_free.release()
 
     async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | Failure:
         prepared = to_core_request(req, self._config.default_max_tokens)
@@ -257,6 +329,8 @@ class LlamaCppServer:
             response = await self._complete(prepared)
         except ModelError as exc:
             return _failure_of(exc)
+        if isinstance(response, Failure):
+            return response
         usage = response.usage
         return {
             "id": completion_id("chatcmpl"),
@@ -278,8 +352,15 @@ class LlamaCppServer:
             },
         }
 
-    async def _complete(self, prepared: PreparedChat) -> ChatResponse:
-        response = await self._client.chat(prepared.request)
+    async def _complete(self, prepared: PreparedChat) -> ChatResponse | Failure:
+        kind = _kind(prepared.request)
+        if (refused := await self._admit(kind)) is not None:
+            return refused
+        work = asyncio.ensure_future(self._client.chat(prepared.request))
+        work.add_done_callback(lambda _: self._leave(kind))
+        # Shielded: a cancelled caller cannot stop the thread, so the model stays taken
+        # until the generation ends, and the next request waits for that.
+        response = await asyncio.shield(work)
         return _as_tool_call(response) if prepared.forced_tool else response
 
     async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[Chunk | Failure]:
@@ -307,6 +388,9 @@ class LlamaCppServer:
             except ModelError as exc:
                 yield _failure_of(exc)
                 return
+            if isinstance(response, Failure):
+                yield response
+                return
             yield chunk({"role": "assistant", "content": ""})
             message = _message(response)
             if response.tool_calls:
@@ -323,6 +407,9 @@ class LlamaCppServer:
         pieces = 0
         started = False
         async for piece, finish in self._pieces(core):
+            if isinstance(piece, Failure):
+                yield piece
+                return
             if isinstance(piece, ModelError):
                 yield _failure_of(piece)
                 return
@@ -353,9 +440,14 @@ class LlamaCppServer:
 
     async def _pieces(
         self, core: ChatRequest
-    ) -> AsyncIterator[tuple[str | ModelError, str | None]]:
-        """``LlamaCppClient.stream_sync`` run in one worker thread, handed over piece by
-        piece; closing this generator stops the generation at the next token."""
+    ) -> AsyncIterator[tuple[str | ModelError | Failure, str | None]]:
+        """``LlamaCppClient.stream_sync`` run in one worker thread once the model is free,
+        handed over piece by piece; closing this generator stops the generation at the next
+        token. A refusal (over capacity) is the one item."""
+        kind = _kind(core)
+        if (refused := await self._admit(kind)) is not None:
+            yield refused, None
+            return
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str | ModelError, str | None] | None] = asyncio.Queue()
         stop = threading.Event()
@@ -375,6 +467,7 @@ class LlamaCppServer:
                 loop.call_soon_threadsafe(queue.put_nowait, None)
 
         worker = asyncio.ensure_future(asyncio.to_thread(produce))
+        worker.add_done_callback(lambda _: self._leave(kind))
         try:
             while (item := await queue.get()) is not None:
                 yield item
