@@ -16,7 +16,10 @@ cluster (the named actors alive in the namespace) whenever it starts or restarts
 - **Runs.** ``drive_run`` creates the run's actor and watches it until the run is terminal:
   if the actor dies for good (``ray.kill``, a node lost) while the run is still RUNNING in
   PostgreSQL, it creates a new one, which resumes after the last recorded step. Crashes
-  that Ray restarts itself (``max_restarts=-1``) resume in the restarted constructor.
+  that Ray restarts itself (``max_restarts=-1``) resume in the restarted constructor. The
+  actor drives under the run's lease, owned by its name: a restarted actor takes it back at
+  once; a run another driver holds is left to it (the watcher ends, RUNNING), and the
+  API's supervisor (``cortex_ray.RunSupervisor``) hands it back here if that driver stops.
 """
 
 from __future__ import annotations
@@ -366,7 +369,12 @@ class SessionDirectory:
             # Get-or-create: a live (or restarting) actor is reused, a dead one replaced.
             handle = get_or_create(key, self._settings, self._factory, self._policy)
             try:
-                await handle.wait.remote()
+                status: RunStatus = await handle.wait.remote()
+                if status is RunStatus.RUNNING:
+                    # Another driver holds the run's lease (``runs resume``, another
+                    # process): it drives it; if it stops, the supervisor hands it back.
+                    log.info("%s: driven elsewhere; not watched here", key.name)
+                    return status
                 continue  # terminal: the next look at PostgreSQL says so
             except ActorUnavailableError:
                 # Restarting after a crash (Ray re-runs the constructor, which resumes the

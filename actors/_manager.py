@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from ray.actor import ActorHandle
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
 from actors._directory import Bound, get_or_create_directory
 from actors._exceptions import SessionUnavailableError, _SessionPassivating
@@ -19,6 +19,7 @@ from actors._factory import RuntimeFactory, open_runtime
 from actors._naming import ActorKey
 from cortex_ray import (
     ConfigurationError,
+    CortexError,
     MemoryRecord,
     Principal,
     RunStatus,
@@ -105,16 +106,18 @@ class SessionManager:
         caller: Principal,
         message: str,
         *,
+        turn_id: UUID | None = None,
         on_event: TurnEventSink | None = None,
     ) -> TurnResult:
         """The actor streams the turn's events back as they happen; ``on_event`` hears them
-        here, in the caller's process."""
+        here, in the caller's process. An accepted turn (``turn_id``) runs to its end in the
+        actor even if this call goes away."""
         key = ActorKey.session(org_id, session_id)
         deliver = TurnEventRelay(on_event, key.name)
 
         async def call(handle: ActorHandle[Any]) -> TurnResult:
             result: TurnResult | None = None
-            async for ref in handle.turn.remote(caller, message):
+            async for ref in handle.turn.remote(caller, message, turn_id):
                 item = await ref
                 if isinstance(item, TurnResult):
                     result = item
@@ -125,6 +128,15 @@ class SessionManager:
             return result
 
         return await self._call_session(key, call)
+
+    async def recover_turn(self, org_id: str, session_id: UUID, turn_id: UUID) -> None:
+        """Have the session's actor (created if need be) drive an accepted turn again;
+        returns once the actor has it."""
+
+        async def call(handle: ActorHandle[Any]) -> None:
+            await handle.recover_turn.remote(turn_id)
+
+        await self._call_session(ActorKey.session(org_id, session_id), call)
 
     async def end_session(self, org_id: str, session_id: UUID) -> list[MemoryRecord]:
         async def call(handle: ActorHandle[Any]) -> list[MemoryRecord]:
@@ -139,7 +151,9 @@ class SessionManager:
         """Wait until the run is terminal (across actor crashes); its final status.
 
         After ``run_retry_limit`` failed attempts in a row the directory records the run
-        FAILED with the last error; RUNNING only if even that could not be written.
+        FAILED with the last error. RUNNING when another driver holds the run's lease (a
+        ``cortex-ray runs resume`` elsewhere): this directory does not drive it then, and
+        the holder ends it; or when even FAILED could not be written.
         """
         status: RunStatus = await self.directory().wait_run.remote(org_id, run_id)
         return status
@@ -206,11 +220,19 @@ class SessionManager:
                 return await call(handle)
             except _SessionPassivating:
                 pass  # refused before running: the actor is on its way out (or warm)
+            except RayTaskError as exc:
+                # Raised in the actor and re-raised here as RayTaskError(<its class>), whose
+                # str is the remote traceback (pid, IP, actor id, colour codes): pass on the
+                # actor's own exception, with Ray's chained for the server log.
+                if isinstance(exc.cause, CortexError):
+                    raise exc.cause from exc
+                raise
             except ActorDiedError as exc:
                 if exc.actor_init_failed:
                     self._lost(key, actor_id)
+                    log.warning("session %s: its actor failed to start: %s", key.id, exc)
                     raise SessionUnavailableError(
-                        f"session {key.id}: its actor failed to start: {exc}"
+                        f"session {key.id}: its actor failed to start; try again later"
                     ) from exc
                 if _INTENDED_EXIT not in str(exc):
                     self._lost(key, actor_id)

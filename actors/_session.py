@@ -131,6 +131,7 @@ class AgentSession:
         self._lock = asyncio.Lock()  # FIFO: one turn at a time, in order of admission
         self._last_used = time.monotonic()
         self._background: set[asyncio.Task[Any]] = set()
+        self._turns: dict[uuid.UUID, asyncio.Task[TurnResult]] = {}  # in flight, by turn id
         self._retiring = asyncio.Event()
         self._runtime: Runtime = await factory(settings)
         _release_free_heap()
@@ -177,60 +178,111 @@ class AgentSession:
     async def _drive_run(self) -> RunStatus:
         key = self._bound
         try:
-            run = await self._runtime.drive_run(key.org_id, key.id)
+            # The actor's name is its lease owner: restarted by Ray (same name), it takes
+            # its own lease again at once instead of waiting for it to expire.
+            run = await self._runtime.drive_run(key.org_id, key.id, owner=key.name)
         except Exception:
             # The run stays RUNNING with its ledger intact; the directory tries again.
             log.exception("%s: driving stopped with an error", key.name)
             raise
         finally:
             self._spawn(self._retire())
-        if run.status is RunStatus.RUNNING:  # pragma: no cover - drive_run always ends it
-            raise RuntimeError(f"{key.name}: drive_run returned a RUNNING run")
+        if run.status is RunStatus.RUNNING:
+            # Another driver holds the run's lease (a `runs resume`, another cluster's
+            # supervisor): it goes on; this actor leaves. RUNNING tells the directory so.
+            log.info("%s: another driver holds the run; not driven here", key.name)
         return run.status
 
     async def wait(self) -> RunStatus:
-        """The run's terminal status, once reached (raises what stopped the drive)."""
+        """The run's terminal status, once reached (raises what stopped the drive);
+        RUNNING when another driver holds the run."""
         if self._drive is None:
             raise TypeError(f"{self._bound.name} is not a run")
         return await asyncio.shield(self._drive)
 
     # sessions -----------------------------------------------------------------------------
 
-    async def turn(self, caller: Principal, message: str) -> AsyncIterator[TurnEvent | TurnResult]:
+    async def turn(
+        self, caller: Principal, message: str, turn_id: uuid.UUID | None = None
+    ) -> AsyncIterator[TurnEvent | TurnResult]:
         """One turn, streamed: its events as they happen, then its ``TurnResult`` last.
 
-        Turns queue behind each other up to ``max_pending_turns``. The turn runs to its end
-        even if the caller stops listening (it is then in the history)."""
+        ``turn_id`` names a turn the API accepted (``Runtime.accept_turn``, which bounds the
+        queue); without one the turn is accepted here, and refused busy beyond
+        ``max_pending_turns``. Turns run one at a time in the order they were accepted,
+        under a lease owned by this actor's key name. The turn runs to its end even if the
+        caller stops listening (it is then in the history, and its events in its row)."""
         key = self._bound
         if self._closing:
             raise _SessionPassivating(key.name)
-        if self._pending >= self._policy.max_pending_turns:
-            raise SessionBusyError(
-                f"session {key.id} already has {self._pending} turn(s) running or "
-                f"queued (limit {self._policy.max_pending_turns}); try again when it answers"
+        running = None if turn_id is None else self._turns.get(turn_id)
+        if running is None or running.done():
+            if turn_id is None and self._pending >= self._policy.max_pending_turns:
+                raise SessionBusyError(
+                    f"session {key.id} already has {self._pending} turn(s) running or "
+                    f"queued (limit {self._policy.max_pending_turns}); try again when it answers"
+                )
+            events: asyncio.Queue[TurnEvent] = asyncio.Queue()
+            running = self._start_turn(
+                turn_id, self._run_turn(caller, message, turn_id, events.put_nowait)
             )
+            async for event in events_until(running, events):
+                yield event
+        # Already driven here (recovered before its caller came back): only its result.
+        yield await asyncio.shield(running)
+
+    async def recover_turn(self, turn_id: uuid.UUID) -> None:
+        """Drive an accepted turn again whose driver went away (``Runtime.recover_turn``);
+        returns at once. A turn already in flight here is left alone."""
+        key = self._bound
+        if self._closing:
+            raise _SessionPassivating(key.name)
+        running = self._turns.get(turn_id)
+        if running is None or running.done():
+            self._start_turn(
+                turn_id, self._runtime.recover_turn(key.org_id, key.id, turn_id, owner=key.name)
+            )
+
+    def _start_turn(self, turn_id: uuid.UUID | None, coro: Any) -> asyncio.Task[TurnResult]:
+        """Run a turn as a task this actor holds (it outlives the call that started it)."""
+        key = self._bound
         self._pending += 1
         self._last_used = time.monotonic()
-        events: asyncio.Queue[TurnEvent] = asyncio.Queue()
-        running = asyncio.create_task(self._run_turn(caller, message, events.put_nowait))
+        running: asyncio.Task[TurnResult] = asyncio.create_task(coro)
         self._background.add(running)
-        running.add_done_callback(self._background.discard)
-        async for event in events_until(running, events):
-            yield event
-        yield await running
+        if turn_id is not None:
+            self._turns[turn_id] = running
 
-    async def _run_turn(
-        self, caller: Principal, message: str, on_event: Callable[[TurnEvent], None]
-    ) -> TurnResult:
-        key = self._bound
-        try:
-            async with self._lock:
-                session = await self._runtime.store.get_session(key.org_id, key.id)
-                return await self._runtime.run_turn(session, caller, message, on_event=on_event)
-        finally:
+        def done(task: asyncio.Task[TurnResult]) -> None:
+            self._background.discard(task)
+            if turn_id is not None and self._turns.get(turn_id) is task:
+                del self._turns[turn_id]
             self._pending -= 1
             self._last_used = time.monotonic()
             self._tell_directory("touch", key.name, self._actor_id)
+            if not task.cancelled() and (error := task.exception()) is not None:
+                log.debug("%s: turn %s ended with %r", key.name, turn_id, error)
+
+        running.add_done_callback(done)
+        return running
+
+    async def _run_turn(
+        self,
+        caller: Principal,
+        message: str,
+        turn_id: uuid.UUID | None,
+        on_event: Callable[[TurnEvent], None],
+    ) -> TurnResult:
+        key = self._bound
+        if turn_id is None:
+            # Accepted in arrival order (the lock is FIFO); the ordinals then order the turns.
+            async with self._lock:
+                accepted = await self._runtime.turns.accept(key.org_id, key.id, caller.id, message)
+            turn_id = accepted.id
+        session = await self._runtime.store.get_session(key.org_id, key.id)
+        return await self._runtime.run_turn(
+            session, caller, message, turn_id=turn_id, owner=key.name, on_event=on_event
+        )
 
     async def end(self) -> list[MemoryRecord]:
         """End the session (the extraction pass runs), then passivate."""
@@ -239,6 +291,8 @@ class AgentSession:
             raise _SessionPassivating(key.name)
         self._pending += 1
         try:
+            # The turns in flight here end first (once it has ended they would be refused).
+            await asyncio.gather(*self._turns.values(), return_exceptions=True)
             async with self._lock:
                 session = await self._runtime.store.get_session(key.org_id, key.id)
                 facts = await self._runtime.end_session(session)

@@ -21,6 +21,7 @@ from cortex_ray._exceptions import (
     ConflictError,
     CortexError,
     InvalidRequestError,
+    LeaseLost,
     ModelError,
     NotFoundError,
     StorageError,
@@ -28,14 +29,24 @@ from cortex_ray._exceptions import (
     UnavailableError,
 )
 from cortex_ray._executor import Executor, InProcessExecutor
-from cortex_ray._runtime import ApiKeyCreated, Runtime
+from cortex_ray._runtime import ApiKeyCreated, ApiKeyRevoked, Runtime
 from cortex_ray._settings import (
     ApiOptions,
     IngestJobOptions,
+    RunPolicy,
     SessionPolicy,
     Settings,
     load_settings,
 )
+from cortex_ray._shutdown import (
+    Interrupted,
+    SignalGuard,
+    reclaim_signals,
+    run_main,
+    run_stoppable,
+    stop_on_signals,
+)
+from cortex_ray._supervisor import RunSupervisor
 from cortex_ray._types import (
     ActionType,
     Agent,
@@ -77,6 +88,7 @@ __all__ = [
     "AgentChanges",
     "AgentMode",
     "ApiKeyCreated",
+    "ApiKeyRevoked",
     "ApiOptions",
     "Candidate",
     "ConfigurationError",
@@ -90,7 +102,9 @@ __all__ = [
     "Grant",
     "InProcessExecutor",
     "IngestJobOptions",
+    "Interrupted",
     "InvalidRequestError",
+    "LeaseLost",
     "MemoryKind",
     "MemoryRecord",
     "MemorySnapshot",
@@ -102,13 +116,16 @@ __all__ = [
     "PrincipalKind",
     "ProceduralProposal",
     "ProposalStatus",
+    "RunPolicy",
     "RunStatus",
+    "RunSupervisor",
     "Runtime",
     "ScoredMemory",
     "Session",
     "SessionPolicy",
     "SessionStatus",
     "Settings",
+    "SignalGuard",
     "Step",
     "StepCallback",
     "StorageError",
@@ -125,5 +142,9 @@ __all__ = [
     "WorkingMemory",
     "events_until",
     "load_settings",
+    "reclaim_signals",
+    "run_main",
+    "run_stoppable",
+    "stop_on_signals",
 ]
 __version__ = "0.1.0"

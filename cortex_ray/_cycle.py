@@ -11,6 +11,9 @@ rounds for one message and learns once per turn.
 Each autonomous step is ONE transaction holding its ledger row (keyed by run id and step
 index, so it can never be written twice), its audit row and its episodic memory. A run can
 therefore be resumed from its ledger: ``resume`` continues after the last recorded step.
+One driver at a time: ``resume`` and ``drive`` hold the run's lease while they drive, and
+every write of theirs is fenced by its token (``cortex_ray.storage.RunLeases``), so a driver
+that lost the run writes nothing more and stops (``LeaseLost``).
 """
 
 from __future__ import annotations
@@ -18,11 +21,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from uuid import UUID
 
-from cortex_ray._exceptions import AccessDeniedError, ConflictError, InvalidRequestError
+from cortex_ray._exceptions import (
+    AccessDeniedError,
+    ConflictError,
+    InvalidRequestError,
+    LeaseLost,
+)
 from cortex_ray._settings import Settings
 from cortex_ray._tracing import tracer
 from cortex_ray._types import (
@@ -49,7 +57,7 @@ from cortex_ray.act import Dispatch, InvocationContext, ToolDispatcher, ToolRegi
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
 from cortex_ray.learn import Learner
 from cortex_ray.perceive import WorkingMemoryAssembler
-from cortex_ray.storage import AuditEntry, Database, Store
+from cortex_ray.storage import AuditEntry, Database, RunLease, RunLeases, Store, TurnLease
 
 __all__ = [
     "CycleStep",
@@ -107,6 +115,7 @@ class DecisionCycle:
         self.autonomous = autonomous
         self.interactive = interactive
         self.learner = learner
+        self.leases = RunLeases(db)  # one driver per run: held, renewed, fenced writes
 
     # the shared step ----------------------------------------------------------------------
 
@@ -150,21 +159,46 @@ class DecisionCycle:
     # autonomous ---------------------------------------------------------------------------
 
     async def resume(
-        self, org_id: str, run_id: UUID, *, on_step: StepCallback | None = None
+        self,
+        org_id: str,
+        run_id: UUID,
+        *,
+        on_step: StepCallback | None = None,
+        owner: str,
     ) -> TaskRun:
-        """Drive a RUNNING run to a terminal state, continuing after its last recorded step."""
-        run = await self.store.get_run(org_id, run_id)
-        if run.status is not RunStatus.RUNNING:
-            return run
-        agent = await self.store.get_agent(org_id, run.agent_id)
+        """Drive a RUNNING run to a terminal state, continuing after its last recorded step,
+        as ``owner``, the holder of the run's lease while it drives.
+
+        A run whose lease another owner holds (live) is returned as it is, still RUNNING,
+        and so is one whose lease is lost while driving (``LeaseLost``): the other driver
+        goes on. Raises ``NotFoundError`` for an unknown run."""
+        lease = await self.leases.acquire(org_id, run_id, owner, self.settings.runs)
+        if lease is None:
+            return await self.store.get_run(org_id, run_id)
+        async with self.leases.hold(lease, self.settings.runs) as holding:
+            try:
+                run = await self._resume(lease, on_step)
+            except LeaseLost as lost:
+                # Expected when a stalled driver's lease expired and another took the run:
+                # nothing of this attempt was written, the new holder goes on.
+                log.info("run %s: stopped driving: %s", run_id, lost)
+            else:
+                if run.status is not RunStatus.RUNNING:
+                    holding.ended()
+                return run
+        return await self.store.get_run(org_id, run_id)
+
+    async def _resume(self, lease: RunLease, on_step: StepCallback | None) -> TaskRun:
+        run = await self.store.get_run(lease.org_id, lease.run_id)
+        agent = await self.store.get_agent(run.org_id, run.agent_id)
         observations = [s.observation for s in run.steps if s.observation is not None]
         step_index = len(run.steps)
         # A side-effecting step whose process died after it began acting is decided again,
         # not re-executed, and the model is told its effect is unknown. The intent is
-        # consumed in the same transaction as the audit row that keeps the evidence; a
-        # retried call carries the same idempotency key.
-        async with self.db.transaction() as conn:
-            interrupted = await self.store.take_intent(conn, org_id, run.id, step_index)
+        # consumed in the same (fenced) transaction as the audit row that keeps the
+        # evidence; a retried call carries the same idempotency key.
+        async with self.leases.fenced(lease) as conn:
+            interrupted = await self.store.take_intent(conn, run.org_id, run.id, step_index)
             if interrupted is not None:
                 note = _interrupted(run, step_index, interrupted)
                 audit = self.dispatcher.audit_entry(
@@ -175,7 +209,7 @@ class DecisionCycle:
                 )
                 await self.store.insert_audit(conn, audit)
                 observations.append(note)
-        return await self.drive(agent, run, on_step, observations)
+        return await self._drive(agent, run, lease, on_step, observations)
 
     async def drive(
         self,
@@ -183,8 +217,34 @@ class DecisionCycle:
         run: TaskRun,
         on_step: StepCallback | None,
         observations: list[Observation] | None = None,
+        *,
+        owner: str,
     ) -> TaskRun:
-        """Run steps from the run's next one until it finishes or the budget ends."""
+        """Run steps from the run's next one until it finishes or the budget ends, holding
+        the run's lease as ``owner`` (see :meth:`resume`; a run just recorded has no
+        intent to consume)."""
+        lease = await self.leases.acquire(run.org_id, run.id, owner, self.settings.runs)
+        if lease is None:
+            return await self.store.get_run(run.org_id, run.id)
+        async with self.leases.hold(lease, self.settings.runs) as holding:
+            try:
+                final = await self._drive(agent, run, lease, on_step, observations)
+            except LeaseLost as lost:
+                log.info("run %s: stopped driving: %s", run.id, lost)
+            else:
+                if final.status is not RunStatus.RUNNING:
+                    holding.ended()
+                return final
+        return await self.store.get_run(run.org_id, run.id)
+
+    async def _drive(
+        self,
+        agent: Agent,
+        run: TaskRun,
+        lease: RunLease,
+        on_step: StepCallback | None,
+        observations: list[Observation] | None = None,
+    ) -> TaskRun:
         steps = list(run.steps)
         if observations is None:
             observations = [s.observation for s in steps if s.observation is not None]
@@ -193,7 +253,7 @@ class DecisionCycle:
         ):
             for step_index in range(len(steps), run.max_steps):
                 step, final = await self._autonomous_step(
-                    agent, run, step_index, observations, on_step
+                    agent, run, lease, step_index, observations, on_step
                 )
                 steps.append(step)
                 if final is not None:
@@ -201,6 +261,7 @@ class DecisionCycle:
             final = await self._finish(
                 agent,
                 run,
+                lease,
                 RunStatus.FAILED,
                 reason=f"step budget of {run.max_steps} exhausted before the goal was met",
             )
@@ -210,6 +271,7 @@ class DecisionCycle:
         self,
         agent: Agent,
         run: TaskRun,
+        lease: RunLease,
         step_index: int,
         observations: list[Observation],
         on_step: StepCallback | None,
@@ -225,7 +287,11 @@ class DecisionCycle:
                 tool = self.registry.get(action.tool)
                 side_effects = tool is not None and not tool.idempotent
                 if side_effects:
-                    await self.store.insert_intent(run.org_id, run.id, step_index, action)
+                    # Fenced: a driver that lost the run neither acts nor leaves an intent.
+                    async with self.leases.fenced(lease) as conn:
+                        await self.store.insert_intent(
+                            run.org_id, run.id, step_index, action, conn=conn
+                        )
 
             cycle = await self.step(
                 _run_context(agent, run, step_index),
@@ -250,6 +316,7 @@ class DecisionCycle:
                 final = await self._finish(
                     agent,
                     run,
+                    lease,
                     RunStatus.FAILED if failed else RunStatus.COMPLETED,
                     result=None if failed else decision.message,
                     reason=decision.reason,
@@ -272,7 +339,7 @@ class DecisionCycle:
                 observation=observation,
             )
             await self.learner.record_step(  # LEARN
-                agent, run, step, decision, dispatch.audit, clear_intent=side_effects
+                agent, run, step, decision, dispatch.audit, clear_intent=side_effects, lease=lease
             )
             await _notify(on_step, step)
             if dispatch.refused_as_invalid:
@@ -280,6 +347,7 @@ class DecisionCycle:
                 final = await self._finish(
                     agent,
                     run,
+                    lease,
                     RunStatus.FAILED,
                     reason=f"step {step_index + 1}: {observation.summary}",
                 )
@@ -290,6 +358,7 @@ class DecisionCycle:
         self,
         agent: Agent,
         run: TaskRun,
+        lease: RunLease,
         status: RunStatus,
         *,
         result: str | None = None,
@@ -297,7 +366,7 @@ class DecisionCycle:
         step: Step | None = None,
     ) -> TaskRun:
         finished_at = await self.learner.record_result(
-            agent, run, status, result=result, reason=reason, step=step
+            agent, run, status, result=result, reason=reason, step=step, lease=lease
         )
         return run.model_copy(
             update={
@@ -316,12 +385,16 @@ class DecisionCycle:
         caller: Principal,
         message: str,
         *,
+        lease: TurnLease | None = None,
         on_event: TurnEventSink | None = None,
     ) -> TurnResult:
         """One interactive turn: tool rounds through the gate, then a reply (a dialogue action).
 
         ``on_event`` hears each tool call, its observation, and the reply or refusal as they
-        happen (the HTTP API streams them as server-sent events)."""
+        happen (the HTTP API streams them as server-sent events). With the ``lease`` of an
+        accepted turn, each round's tool call carries the idempotency key
+        ``f"turn:{turn_id}:{round}"`` (the same on a retried attempt), and the turn's row ends
+        DONE, with its events, in the transaction that records the turn."""
         if not message.strip():
             raise InvalidRequestError("the message is empty")
         session = await self.store.get_session(session.org_id, session.id)
@@ -329,7 +402,13 @@ class DecisionCycle:
             raise AccessDeniedError("only the session's own caller may talk in it")
         if session.status is not SessionStatus.OPEN:
             raise ConflictError(f"session {session.id} has ended")
-        emit = TurnEventRelay(on_event, f"session {session.id}")
+        relay = TurnEventRelay(on_event, f"session {session.id}")
+        emitted: list[TurnEvent] = []
+
+        async def emit(event: TurnEvent) -> None:
+            emitted.append(event)
+            await relay(event)
+
         agent = await self.store.get_agent(session.org_id, session.agent_id)
         history = await self.store.conversation(
             session.org_id, session.id, limit=self.settings.conversation_window
@@ -364,6 +443,8 @@ class DecisionCycle:
                         )
                     )
 
+                if lease is not None:
+                    ctx = replace(ctx, idempotency_key=lease.idempotency_key(round_index))
                 cycle = await self.step(
                     ctx,
                     decide,
@@ -424,6 +505,10 @@ class DecisionCycle:
             new_turns,
             audits,
             observations,
+            lease=lease,
+            reply=reply,
+            refused=None if reply is not None else refused or "no reply",
+            events=emitted,
         )
         return TurnResult(
             session_id=session.id, reply=reply, observations=tuple(observations), refused=refused

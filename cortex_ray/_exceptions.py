@@ -8,6 +8,8 @@
     ├── AccessDeniedError         a principal may not do what it asked
     ├── ConflictError             the object's state forbids it now (an ended session, a full
     │                             queue of turns): the same request may work later or never
+    │   └── LeaseLost             a run's driver lost its lease (another driver took the run, or
+    │                             it ended): it stops, writing nothing more
     ├── UnavailableError          what would serve the call is down or unreachable right now
     └── ModelError                a model backend failed or answered nonsense
         └── StructuredOutputError structured output still invalid after the bounded retries
@@ -24,6 +26,7 @@ __all__ = [
     "ConflictError",
     "CortexError",
     "InvalidRequestError",
+    "LeaseLost",
     "ModelError",
     "NotFoundError",
     "StorageError",
@@ -58,6 +61,12 @@ class AccessDeniedError(CortexError):
 
 class ConflictError(CortexError):
     """The object's current state does not allow the request (e.g. the session has ended)."""
+
+
+class LeaseLost(ConflictError):
+    """A run's lease is no longer this driver's: the run ended (finished, cancelled, given
+    up) or another driver took it over after the lease expired. The write that found out
+    was rolled back; the driver stops without recording anything more."""
 
 
 class UnavailableError(CortexError):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol, runtime_checkable
+from collections.abc import Coroutine
+from typing import Any, Protocol, runtime_checkable
 from uuid import UUID
 
 from cortex_ray._runtime import Runtime, TurnEventSink
@@ -36,12 +37,21 @@ class Executor(Protocol):
         caller: Principal,
         message: str,
         *,
+        turn_id: UUID | None = None,
         on_event: TurnEventSink | None = None,
     ) -> TurnResult:
         """One interactive turn; turns of one session run one at a time, in arrival order.
 
-        ``on_event`` hears the turn's events as they happen, in this process (see
-        ``Runtime.run_turn``)."""
+        ``turn_id`` names a turn ``Runtime.accept_turn`` recorded: it runs to its end
+        whether or not the caller keeps waiting (a caller that goes away loses only the
+        events; the turn's row and the history have the rest). Without one the turn is
+        accepted on arrival. ``on_event`` hears the turn's events as they happen, in this
+        process (see ``Runtime.run_turn``)."""
+        ...
+
+    async def recover_turn(self, org_id: str, session_id: UUID, turn_id: UUID) -> None:
+        """Drive an accepted turn again whose driver went away (``Runtime.orphaned_turns``);
+        returns once that is arranged. A turn already being driven here is left alone."""
         ...
 
     async def end_session(self, org_id: str, session_id: UUID) -> list[MemoryRecord]:
@@ -56,6 +66,9 @@ class InProcessExecutor:
         self.runtime = runtime
         self._runs: dict[UUID, asyncio.Task[object]] = {}
         self._session_locks: dict[UUID, asyncio.Lock] = {}
+        # Strong references: a turn runs to its end even if whoever waited on it went away.
+        self._turns: dict[UUID, asyncio.Task[TurnResult]] = {}
+        self._turn_session: dict[UUID, UUID] = {}
 
     async def start_run(self, org_id: str, run_id: UUID) -> None:
         running = self._runs.get(run_id)
@@ -87,14 +100,55 @@ class InProcessExecutor:
         caller: Principal,
         message: str,
         *,
+        turn_id: UUID | None = None,
         on_event: TurnEventSink | None = None,
     ) -> TurnResult:
-        lock = self._session_locks.setdefault(session_id, asyncio.Lock())
-        async with lock:  # one message at a time per session; later ones queue
-            session = await self.runtime.store.get_session(org_id, session_id)
-            return await self.runtime.run_turn(session, caller, message, on_event=on_event)
+        if turn_id is None:
+            # Accepted in arrival order (the lock is FIFO); the turns' ordinals order them.
+            lock = self._session_locks.setdefault(session_id, asyncio.Lock())
+            async with lock:
+                accepted = await self.runtime.turns.accept(org_id, session_id, caller.id, message)
+            turn_id = accepted.id
+        running = self._turns.get(turn_id)
+        if running is None or running.done():
+
+            async def drive() -> TurnResult:
+                session = await self.runtime.store.get_session(org_id, session_id)
+                return await self.runtime.run_turn(
+                    session, caller, message, turn_id=turn_id, on_event=on_event
+                )
+
+            running = self._keep(session_id, turn_id, drive())
+        # Shielded: a caller that stops waiting never stops the turn.
+        return await asyncio.shield(running)
+
+    async def recover_turn(self, org_id: str, session_id: UUID, turn_id: UUID) -> None:
+        running = self._turns.get(turn_id)
+        if running is not None and not running.done():
+            return
+        self._keep(session_id, turn_id, self.runtime.recover_turn(org_id, session_id, turn_id))
+
+    def _keep(
+        self, session_id: UUID, turn_id: UUID, coro: Coroutine[Any, Any, TurnResult]
+    ) -> asyncio.Task[TurnResult]:
+        task = asyncio.create_task(coro, name=f"turn-{turn_id}")
+        self._turns[turn_id] = task
+        self._turn_session[turn_id] = session_id
+
+        def forget(done: asyncio.Task[TurnResult]) -> None:
+            if self._turns.get(turn_id) is done:
+                del self._turns[turn_id]
+                del self._turn_session[turn_id]
+            if not done.cancelled() and (error := done.exception()) is not None:
+                log.debug("turn %s ended with %r", turn_id, error)
+
+        task.add_done_callback(forget)
+        return task
 
     async def end_session(self, org_id: str, session_id: UUID) -> list[MemoryRecord]:
+        # The session's turns driven here end first (they would be refused once it ended).
+        mine = [t for i, t in self._turns.items() if self._turn_session.get(i) == session_id]
+        await asyncio.gather(*mine, return_exceptions=True)
         lock = self._session_locks.setdefault(session_id, asyncio.Lock())
         async with lock:
             session = await self.runtime.store.get_session(org_id, session_id)
@@ -103,6 +157,8 @@ class InProcessExecutor:
         return facts
 
     async def aclose(self) -> None:
-        for task in list(self._runs.values()):
+        # A cancelled turn gives its lease up; it is recovered by the next process.
+        tasks = [*self._runs.values(), *self._turns.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._runs.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)

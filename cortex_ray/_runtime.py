@@ -21,13 +21,16 @@ someone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from pydantic import ValidationError
 
@@ -42,6 +45,7 @@ from cortex_ray._exceptions import (
     AccessDeniedError,
     ConfigurationError,
     ConflictError,
+    CortexError,
     InvalidRequestError,
     NotFoundError,
     UnavailableError,
@@ -65,7 +69,6 @@ from cortex_ray._types import (
     SessionStatus,
     TaskRun,
     ToolSpec,
-    Turn,
     TurnResult,
 )
 from cortex_ray.access import AccessControlService, UseCase, UseCaseRequest
@@ -90,10 +93,23 @@ from cortex_ray.memory import (
 )
 from cortex_ray.models import Embedder, ModelClient, ModelSlot, Reranker, open_models
 from cortex_ray.perceive import PromptComposer, WorkingMemoryAssembler
-from cortex_ray.storage import AuditEntry, Database, Store
+from cortex_ray.storage import (
+    AuditEntry,
+    Database,
+    LeaseHolder,
+    OrphanedRun,
+    SessionMessage,
+    Store,
+    TurnLease,
+    TurnLeaseLostError,
+    TurnRecord,
+    TurnRef,
+    TurnStore,
+)
 
 __all__ = [
     "ApiKeyCreated",
+    "ApiKeyRevoked",
     "Runtime",
     "StepCallback",
     "TurnEventRelay",
@@ -115,6 +131,18 @@ class ApiKeyCreated:
     key: str
     key_id: UUID
     principal: Principal
+    warnings: tuple[str, ...] = ()
+    """What the key cannot do as created (e.g. no grant: no tool calls until granted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyRevoked:
+    """A revoked API key: when it was revoked, and whether this call revoked it (``False``:
+    it already was, and nothing changed)."""
+
+    key_id: UUID
+    revoked_at: datetime
+    revoked_now: bool
 
 
 class Runtime:
@@ -136,6 +164,10 @@ class Runtime:
         self.settings = settings
         self.db = db
         self.store = Store(db)
+        self.turns = TurnStore(db)
+        # Set when a turn of the session ends here: the next one claims at once, not at its
+        # next poll.
+        self._turn_ended: dict[UUID, asyncio.Event] = {}
         self.memory = memory
         self.model = model
         self.knowledge = knowledge
@@ -164,6 +196,9 @@ class Runtime:
         )
         self._owns_model = False
         self._owns_db = False
+        self.driver_id = f"{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:8]}"
+        """Who this runtime is as the holder of a run's lease (unique per instance; a run
+        actor drives as its actor name instead: ``drive_run(owner=...)``)."""
 
     @classmethod
     async def open(
@@ -249,7 +284,12 @@ class Runtime:
             raise
 
     async def close(self, *, close_db: bool = True) -> None:
-        """Close the model and the database if this runtime opened them."""
+        """Release the run leases this runtime still holds (the next driver takes the runs
+        at once, without waiting for the leases to expire), then close the model and the
+        database if this runtime opened them."""
+        await self.cycle.leases.release_all()
+        # Background importance scoring first: it uses the model and the database.
+        await self.memory.aclose()
         if self.model is not None and self._owns_model:
             await self.model.aclose()
         if close_db and self._owns_db:
@@ -577,7 +617,7 @@ class Runtime:
         _, agent, run = await self._start(
             org_id, agent_ref, goal, max_steps, name, caller_id, None, principal
         )
-        return await self.cycle.drive(agent, run, on_step)
+        return await self.cycle.drive(agent, run, on_step, owner=self.driver_id)
 
     async def resume_run(
         self,
@@ -588,13 +628,63 @@ class Runtime:
         principal: Principal | None = None,
     ) -> TaskRun:
         """Continue a RUNNING run here, after its last recorded step (a run already ended is
-        returned as it is)."""
+        returned as it is). A run another driver holds (its lease is live: the API's
+        executor, another ``runs resume``) is not driven here: it is returned RUNNING, and
+        :meth:`run_lease` says who holds it."""
         caller = await self._authorize(principal, UseCase.TASKS_RESUME, org_id)
         run = await self.store.get_run(org_id, run_id)
         if run.status is RunStatus.RUNNING:
             await self._audited(caller, UseCase.TASKS_RESUME, org_id, run_id=run.id)
-            return await self.cycle.resume(org_id, run_id, on_step=on_step)
+            return await self.cycle.resume(org_id, run_id, on_step=on_step, owner=self.driver_id)
         return run
+
+    async def run_lease(
+        self, org_id: str, run_id: UUID, *, principal: Principal | None = None
+    ) -> LeaseHolder:
+        """Who drives a run now: its lease's owner and expiry (``live`` False: nobody)."""
+        await self._authorize(principal, UseCase.TASKS_GET, org_id)
+        return await self.cycle.leases.holder(org_id, run_id)
+
+    async def cancel_run(
+        self,
+        org_id: str,
+        run_id: UUID,
+        *,
+        principal: Principal | None = None,
+        reason: str | None = None,
+    ) -> TaskRun:
+        """Stop a RUNNING run (the person it acts for, or an admin): it becomes FAILED with
+        the reason "cancelled by <principal>" (then ``reason``, if given) and loses its step
+        intents, in one transaction; its driver stops at its next step commit, whose fenced
+        write finds the run no longer RUNNING. A run that already ended is returned as it
+        is: nothing is written and no executor is asked.
+
+        Raises:
+            InvalidRequestError: ``reason`` is longer than 500 characters or holds a NUL.
+        """
+        caller = principal or Principal.operator(org_id)
+        args: dict[str, Any] = {"run": str(run_id)}
+        if caller.org_id != org_id:
+            await self._authorize(caller, UseCase.TASKS_CANCEL, org_id, args=args)
+        run = await self.store.get_run(org_id, run_id)
+        caller = await self._authorize(
+            caller, UseCase.TASKS_CANCEL, org_id, owner_id=run.caller_id, args=args
+        )
+        if run.status is not RunStatus.RUNNING:
+            return run
+        note = (reason or "").strip()
+        if len(note) > 500 or "\x00" in note:
+            raise InvalidRequestError("a cancel reason is at most 500 characters, without NUL")
+        why = f"cancelled by {caller.id}" + (f": {note}" if note else "")
+        audit = None
+        if UseCase.TASKS_CANCEL.audit_allowed:
+            audit = self._audit_entry(
+                caller, UseCase.TASKS_CANCEL, org_id, "OK", None, None,
+                {**args, "reason": why}, run_id=run_id,
+            )  # fmt: skip
+        if await self.store.cancel_run(org_id, run_id, why, audit=audit) and audit is not None:
+            self._log_audited(caller, UseCase.TASKS_CANCEL, "OK")
+        return await self.store.get_run(org_id, run_id)
 
     async def list_runs(
         self,
@@ -626,13 +716,35 @@ class Runtime:
     # executor seam: work a use case already admitted ------------------------------------
 
     async def drive_run(
-        self, org_id: str, run_id: UUID, *, on_step: StepCallback | None = None
+        self,
+        org_id: str,
+        run_id: UUID,
+        *,
+        on_step: StepCallback | None = None,
+        owner: str | None = None,
     ) -> TaskRun:
-        """Drive a RUNNING run to a terminal state, continuing after its last recorded step.
+        """Drive a RUNNING run to a terminal state, continuing after its last recorded step,
+        holding its lease as ``owner`` (default :attr:`driver_id`).
 
-        For executors (the run was authorised when it was started); people resume runs
-        with :meth:`resume_run`."""
-        return await self.cycle.resume(org_id, run_id, on_step=on_step)
+        A run whose live lease another owner holds is returned as it is (RUNNING), and so
+        is one whose lease this driver loses on the way: one driver per run. For executors
+        (the run was authorised when it was started); people resume runs with
+        :meth:`resume_run`."""
+        return await self.cycle.resume(
+            org_id, run_id, on_step=on_step, owner=owner or self.driver_id
+        )
+
+    async def orphaned_runs(self, limit: int = 1000) -> list[OrphanedRun]:
+        """RUNNING runs of every organisation that nobody drives (no live lease), older
+        than ``settings.runs.orphan_grace_s``: what the supervisor resumes."""
+        return await self.cycle.leases.orphaned(self.settings.runs.orphan_grace_s, limit)
+
+    async def give_up_run(self, org_id: str, run_id: UUID, reason: str) -> bool:
+        """End a RUNNING run that nobody drives FAILED with ``reason`` (a run taken again
+        meanwhile keeps going); ``True`` when it was ended here."""
+        if not reason.strip():
+            raise InvalidRequestError("a failed run needs a reason")
+        return await self.cycle.leases.give_up(org_id, run_id, reason)
 
     async def fail_run(self, org_id: str, run_id: UUID, reason: str) -> TaskRun:
         """Give up on a RUNNING run: it becomes FAILED with ``reason`` (a supervisor that
@@ -648,11 +760,130 @@ class Runtime:
         caller: Principal,
         message: str,
         *,
+        turn_id: UUID | None = None,
+        owner: str | None = None,
         on_event: TurnEventSink | None = None,
     ) -> TurnResult:
         """One interactive turn of ``caller`` (who must be the session's own caller):
-        tool rounds through the gate, then a reply. See ``DecisionCycle.turn``."""
-        return await self.cycle.turn(session, caller, message, on_event=on_event)
+        tool rounds through the gate, then a reply. See ``DecisionCycle.turn``.
+
+        ``turn_id`` is a turn :meth:`accept_turn` recorded (``message`` is then its
+        message); without one the turn is accepted here first (no pending bound: in-process
+        callers). The turn waits for the session's earlier turns, runs under a lease held
+        by ``owner`` (default :attr:`driver_id`) and ends DONE, or FAILED with the reason
+        when the cycle raises (the error is raised again). An ended turn returns its stored
+        result."""
+        if turn_id is None:
+            accepted = await self.turns.accept(session.org_id, session.id, caller.id, message)
+            turn_id = accepted.id
+        return await self._drive_turn(session, caller, turn_id, owner, on_event)
+
+    async def recover_turn(
+        self,
+        org_id: str,
+        session_id: UUID,
+        turn_id: UUID,
+        *,
+        owner: str | None = None,
+        on_event: TurnEventSink | None = None,
+    ) -> TurnResult:
+        """Drive an accepted turn again after its driver went away (see
+        :meth:`orphaned_turns`): the caller is the turn's own, tool calls carry the same
+        idempotency keys as the first attempt. An ended turn returns its stored result; one
+        driven ``sessions.turn_max_attempts`` times already ends FAILED."""
+        turn = await self.turns.get(org_id, session_id, turn_id)
+        if turn.status.ended:
+            return turn.result()
+        session = await self.store.get_session(org_id, session_id)
+        caller = await self.store.get_principal(org_id, turn.caller_id)
+        return await self._drive_turn(session, caller, turn_id, owner, on_event)
+
+    async def orphaned_turns(self, limit: int = 1000) -> list[TurnRef]:
+        """Accepted turns that nobody drives: not ended, lease missing or expired, accepted
+        over ``sessions.turn_orphan_grace_s`` ago, in a session where no turn holds a live
+        lease; oldest first, across organisations. A supervisor hands each to
+        ``Executor.recover_turn``."""
+        return await self.turns.orphans(self.settings.sessions.turn_orphan_grace_s, limit)
+
+    async def _drive_turn(
+        self,
+        session: Session,
+        caller: Principal,
+        turn_id: UUID,
+        owner: str | None,
+        on_event: TurnEventSink | None,
+    ) -> TurnResult:
+        policy = self.settings.sessions
+        holder = owner or self.driver_id
+        delay = 0.01
+        while True:  # one at a time, in ordinal order: wait for the earlier turns
+            claim = await self.turns.claim(
+                session.org_id,
+                session.id,
+                turn_id,
+                owner=holder,
+                ttl_s=policy.turn_lease_ttl_s,
+                max_attempts=policy.turn_max_attempts,
+            )
+            if claim.outcome == "ended":
+                return claim.turn.result()
+            if claim.lease is not None:
+                lease = claim.lease
+                break
+            handoff = self._turn_ended.setdefault(session.id, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(handoff.wait(), delay)
+            delay = min(delay * 2, 0.25)
+        renewing = asyncio.create_task(self._renew_turn(lease), name=f"lease turn {turn_id}")
+        try:
+            return await self.cycle.turn(
+                session, caller, lease.turn.message, lease=lease, on_event=on_event
+            )
+        except TurnLeaseLostError:
+            # Taken over after this driver's lease expired: the new holder's outcome counts.
+            log.warning("turn %s: the lease of %s was taken over", turn_id, holder)
+            ended = await self.wait_turn(session.org_id, session.id, turn_id, None)
+            return ended.result()
+        except asyncio.CancelledError:
+            # Shutting down: let another driver take the turn at once instead of at expiry.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.turns.release(lease))
+            raise
+        except Exception as exc:
+            reason = _turn_failure(exc)
+            with contextlib.suppress(TurnLeaseLostError):
+                await self.turns.fail(lease, reason)
+            raise
+        finally:
+            renewing.cancel()
+            if (waiting := self._turn_ended.pop(session.id, None)) is not None:
+                waiting.set()
+
+    async def _renew_turn(self, lease: TurnLease) -> None:
+        ttl = self.settings.sessions.turn_lease_ttl_s
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                if not await self.turns.renew(lease, ttl):
+                    return  # lost: the turn's end will say so
+            except Exception:
+                log.warning("turn %s: renewing the lease failed", lease.turn.id, exc_info=True)
+
+    async def wait_turn(
+        self, org_id: str, session_id: UUID, turn_id: UUID, wait_s: float | None
+    ) -> TurnRecord:
+        """The turn once it has ended, or as it is after ``wait_s`` seconds (``None``: no
+        bound): a long poll of its status with back-off, one full read at the end."""
+        loop = asyncio.get_running_loop()
+        deadline = None if wait_s is None else loop.time() + wait_s
+        delay = 0.01
+        while not (await self.turns.status(org_id, session_id, turn_id)).ended:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                break
+            await asyncio.sleep(delay if left is None else min(delay, left))
+            delay = min(delay * 2, 0.25)
+        return await self.turns.get(org_id, session_id, turn_id)
 
     async def end_session(self, session: Session) -> list[MemoryRecord]:
         """End a session; the extraction pass writes the semantic facts it finds. For
@@ -700,10 +931,51 @@ class Runtime:
 
     async def conversation(
         self, org_id: str, session_id: UUID, *, principal: Principal | None = None
-    ) -> list[Turn]:
-        """The conversation so far (its caller, or an admin)."""
+    ) -> list[SessionMessage]:
+        """The conversation so far (its caller, or an admin): the messages of ended turns in
+        order, then the user message of each accepted turn not ended yet, by arrival; each
+        with its turn's id and status (and, for a turn that ended without a reply, why)."""
         await self._session_for(principal, UseCase.SESSIONS_READ, org_id, session_id)
-        return await self.store.conversation(org_id, session_id)
+        return await self.turns.history(org_id, session_id)
+
+    async def accept_turn(
+        self, org_id: str, session_id: UUID, message: str, *, principal: Principal
+    ) -> TurnRecord:
+        """Admit a message and record it as the session's next turn (ACCEPTED), before any
+        reply: from here the turn is durable. Only the session's own caller, only while it
+        is open; an executor then drives it (``Executor.turn`` with its id).
+
+        Raises:
+            ConflictError: The session has ended, or it already holds
+                ``sessions.max_pending_turns`` turns not ended (busy: try again later).
+            InvalidRequestError: The message is empty.
+        """
+        session = await self.authorize_turn(org_id, session_id, principal)
+        return await self.turns.accept(
+            org_id,
+            session.id,
+            principal.id,
+            message,
+            max_pending=self.settings.sessions.max_pending_turns,
+        )
+
+    async def get_turn(
+        self,
+        org_id: str,
+        session_id: UUID,
+        turn_id: UUID,
+        *,
+        principal: Principal | None = None,
+        wait_s: float = 0.0,
+    ) -> TurnRecord:
+        """An accepted turn: its status, reply or refusal, and the events it emitted (the
+        session's caller, or an admin, as reading the session). ``wait_s`` > 0 waits up to
+        that long for a turn not ended yet to end."""
+        await self._session_for(principal, UseCase.SESSIONS_READ, org_id, session_id)
+        turn = await self.turns.get(org_id, session_id, turn_id)
+        if turn.status.ended or wait_s <= 0:
+            return turn
+        return await self.wait_turn(org_id, session_id, turn_id, wait_s)
 
     async def authorize_turn(self, org_id: str, session_id: UUID, principal: Principal) -> Session:
         """Admit a message: only the session's own caller, only while it is open
@@ -718,11 +990,15 @@ class Runtime:
     async def authorize_end_session(
         self, org_id: str, session_id: UUID, *, principal: Principal | None = None
     ) -> Session:
-        """Admit ending a session (its caller, or an admin); the executor then ends it."""
+        """Admit ending a session (its caller, or an admin); the executor then ends it.
+
+        A session that already ended is returned as it is (status ENDED) and nothing is
+        written: the caller answers with it and wakes no executor (ending is idempotent)."""
         caller, session = await self._session_for(
             principal, UseCase.SESSIONS_END, org_id, session_id
         )
-        await self._audited(caller, UseCase.SESSIONS_END, org_id, session_id=session_id)
+        if session.status is SessionStatus.OPEN:
+            await self._audited(caller, UseCase.SESSIONS_END, org_id, session_id=session_id)
         return session
 
     # tools --------------------------------------------------------------------------------
@@ -750,19 +1026,42 @@ class Runtime:
         caller: Principal,
         tool: str,
         args: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
     ) -> Observation:
         """A direct call (not chosen by a model), as ``caller``, through the invocation gate,
         which decides it (agent grant ∩ caller grant) and audits it like any call.
 
+        ``idempotency_key`` (the HTTP ``Idempotency-Key`` header) reaches the tool as
+        ``ToolContext.idempotency_key``, namespaced by caller, agent and tool
+        (``call:<caller>:<agent id>:<tool>:<key>``) so that no other caller's key can
+        replay this one's result; a tool that writes returns its first result for a
+        repeated key (docs/architecture.md, "Writing a tool").
+
         Raises:
+            InvalidRequestError: The key is empty, longer than 200 characters or not
+                printable ASCII.
             NotFoundError: No tool of that name here.
         """
         if caller.org_id != org_id:
             raise InvalidRequestError("the caller belongs to another organisation")
+        if idempotency_key is not None and not (
+            0 < len(idempotency_key) <= 200
+            and idempotency_key.isascii()
+            and idempotency_key.isprintable()
+        ):
+            raise InvalidRequestError("an idempotency key is 1 to 200 printable ASCII characters")
         if self.registry.get(tool) is None:
             raise NotFoundError(f"unknown tool {tool!r}")
         agent = await self.store.get_agent(org_id, agent_ref)
-        ctx = InvocationContext(agent=agent, caller=caller, mode=AgentMode.INTERACTIVE)
+        key = (
+            None
+            if idempotency_key is None
+            else f"call:{caller.id}:{agent.id}:{tool}:{idempotency_key}"
+        )
+        ctx = InvocationContext(
+            agent=agent, caller=caller, mode=AgentMode.INTERACTIVE, idempotency_key=key
+        )
         return await self.dispatcher.invoke(ctx, tool, args)
 
     # memory -------------------------------------------------------------------------------
@@ -932,16 +1231,40 @@ class Runtime:
         await self._audited(
             caller, UseCase.API_KEYS_CREATE, org_id, args={**args, "key_id": str(key_id)}
         )
-        return ApiKeyCreated(key=key, key_id=key_id, principal=wanted)
+        warnings: tuple[str, ...] = ()
+        if wanted.grant is None or not (wanted.grant.tools or wanted.grant.action_types):
+            # Fail closed is right, but silent: say so while the key is being handed out.
+            cannot = "call no tool" if is_admin else "call no tool nor search memory or knowledge"
+            warnings = (
+                f"principal {principal_id!r} has no grant: this key can {cannot} until it is "
+                "granted some (create a key again with a grant, e.g. --grant current_time, "
+                "or --grant '*' for every tool)",
+            )
+        return ApiKeyCreated(key=key, key_id=key_id, principal=wanted, warnings=warnings)
 
     async def revoke_api_key(
         self, org_id: str, key_id: UUID, *, principal: Principal | None = None
-    ) -> None:
-        """Revoke a key (admin only): requests with it are refused from then on."""
+    ) -> ApiKeyRevoked:
+        """Revoke a key (admin only): requests with it are refused from then on. Revoking a
+        revoked key changes nothing and returns when it was revoked.
+
+        Raises:
+            NotFoundError: No such key in the organisation.
+        """
         args = {"key_id": str(key_id)}
         caller = await self._authorize(principal, UseCase.API_KEYS_REVOKE, org_id, args=args)
-        await self.store.revoke_api_key(org_id, key_id)
-        await self._audited(caller, UseCase.API_KEYS_REVOKE, org_id, args=args)
+        revoked_at, revoked_now = await self.store.revoke_api_key(org_id, key_id)
+        if revoked_now:
+            await self._audited(caller, UseCase.API_KEYS_REVOKE, org_id, args=args)
+        return ApiKeyRevoked(key_id=key_id, revoked_at=revoked_at, revoked_now=revoked_now)
+
+
+def _turn_failure(exc: BaseException) -> str:
+    """Why a turn failed, as its row keeps it: a cortex-ray error's own message (written for
+    a client), only the kind of anything else (its detail goes to the log)."""
+    if isinstance(exc, CortexError):
+        return f"the turn failed: {str(exc)[:500]}"
+    return f"the turn failed: internal error ({type(exc).__name__})"
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -38,6 +38,7 @@ __all__ = [
     "Fusion",
     "IngestJobOptions",
     "RetrievalConfig",
+    "RunPolicy",
     "SessionPolicy",
     "Settings",
     "default_data_dir",
@@ -176,6 +177,29 @@ class SessionPolicy(BaseModel):
         ge=1,
         description="turns one session holds (running + queued); one more → SessionBusyError",
     )
+    turn_lease_ttl_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a running turn's lease lasts this long, renewed every third of it; a turn "
+        "whose driver died is taken again once it expires",
+    )
+    turn_max_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="times a turn is driven (first run and recoveries) before it ends FAILED",
+    )
+    turn_orphan_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="a turn not ended, with no live lease, accepted longer ago than this is "
+        "an orphan the supervisor drives again",
+    )
+    turn_replay_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="how long a reconnecting client's event stream waits for a running turn "
+        "to end before it answers with the turn's status (then reconnect again)",
+    )
     reactivation_timeout_s: float = Field(
         default=15.0, gt=0, description="how long a call waits for a passivating actor to go"
     )
@@ -213,6 +237,50 @@ class SessionPolicy(BaseModel):
         gt=0,
         description="longest pause between attempts to drive a failing run (doubling from 0.5 s)",
     )
+
+
+class RunPolicy(BaseModel):
+    """How runs are driven and resumed: ``Settings.runs``, ``CORTEX_RUNS__<FIELD>``.
+
+    A driver holds a run's lease while it drives (renewed every ``lease_renew_s``); a crashed
+    driver's lease expires after ``lease_ttl_s``, and the supervisor of the HTTP API resumes
+    the run (docs/operations.md, "Interrupted runs")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lease_ttl_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a run's lease lasts this long unless renewed: how soon a run whose driver "
+        "died is resumed by another",
+    )
+    lease_renew_s: float = Field(
+        default=10.0, gt=0, description="how often a driver renews its lease (below lease_ttl_s)"
+    )
+    max_attempts: int = Field(
+        default=5,
+        ge=1,
+        description="times a run is taken by a driver without recording a step before it "
+        "ends FAILED",
+    )
+    supervise_interval_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="how often the API's supervisor looks for RUNNING runs nobody drives "
+        "(it also looks at start-up)",
+    )
+    orphan_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="a RUNNING run without a live lease is resumed by the supervisor only when "
+        "older than this (a run just submitted is about to be taken by its executor)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RunPolicy:
+        if self.lease_renew_s >= self.lease_ttl_s:
+            raise ValueError("lease_renew_s must be below lease_ttl_s")
+        return self
 
 
 class IngestJobOptions(BaseModel):
@@ -400,6 +468,27 @@ class Settings(BaseSettings):
         default="model",
         description="who scores a new memory's importance: the chat model or a heuristic",
     )
+    importance_mode: Literal["background", "inline"] = Field(
+        default="background",
+        description="when the model scores importance: background (the memory is written at "
+        "once with the heuristic score and rescored by the model after the write) or inline "
+        "(before the write, waiting at most importance_timeout_s)",
+    )
+    importance_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="the longest one importance scoring waits for the model before the "
+        "heuristic score stands (inline: keep it below tool_timeout_s)",
+    )
+    importance_rescore_concurrency: int = Field(
+        default=1, ge=1, description="background importance scorings in flight per process"
+    )
+    importance_rescore_queue: int = Field(
+        default=256,
+        ge=1,
+        description="memories waiting for background importance scoring per process; beyond "
+        "it they keep the heuristic score",
+    )
 
     # start-up
     strict_settings: bool = Field(
@@ -411,6 +500,7 @@ class Settings(BaseSettings):
     # the Ray layers and the jobs
     api: ApiOptions = Field(default_factory=ApiOptions)
     sessions: SessionPolicy = Field(default_factory=SessionPolicy)
+    runs: RunPolicy = Field(default_factory=RunPolicy)
     knowledge: RetrievalConfig = Field(default_factory=RetrievalConfig)
     ingest: IngestJobOptions = Field(default_factory=IngestJobOptions)
 

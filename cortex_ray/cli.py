@@ -7,7 +7,8 @@ from the environment (``CORTEX_*``); every command opens the runtime, does one t
 closes it again, which also stops the embedded PostgreSQL when this process started it.
 
 Exit codes: 0 success; 1 a cortex-ray error (not found, storage, configuration, model);
-2 invalid input; 3 a run that ended FAILED; 130 interrupted.
+2 invalid input; 3 a run that ended FAILED; 130 interrupted (SIGINT); 143 stopped
+(SIGTERM).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from cortex_ray._exceptions import (
 )
 from cortex_ray._runtime import Runtime
 from cortex_ray._settings import load_settings
+from cortex_ray._shutdown import Interrupted, run_stoppable
 from cortex_ray._types import (
     Agent,
     AgentMode,
@@ -125,9 +127,16 @@ def _validation_message(exc: pydantic.ValidationError, prefix: str = "") -> str:
 
 
 def _execute(work: Coroutine[Any, Any, int]) -> None:
-    """Run one command's coroutine; turn cortex-ray errors into one line and an exit code."""
+    """Run one command's coroutine; turn cortex-ray errors into one line and an exit code.
+
+    SIGINT and SIGTERM (also SIGINT ignored at start, as in a background job) cancel the
+    coroutine, so its runtime closes and the embedded PostgreSQL it started stops; the exit
+    code is then 130 or 143. A second signal exits at once."""
     try:
-        code = asyncio.run(work)
+        code = run_stoppable(work)
+    except Interrupted as exc:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(exc.exit_code) from None
     except InvalidRequestError as exc:
         _fail(str(exc), EXIT_INVALID)
     except CortexError as exc:
@@ -339,6 +348,41 @@ async def _drive_live(
         raise
 
 
+async def _resume_or_wait(
+    runtime: Runtime, org: str, run: TaskRun, agent: Agent, *, wait: bool
+) -> TaskRun:
+    """Drive the run here; if another driver holds its lease, say who, and with ``wait``
+    wait for the run to end, taking it over whenever its lease is free."""
+    operator = _operator(org)
+    run = await _drive_live(runtime, org, run, agent, resume=True)
+    told = False
+    while run.status is RunStatus.RUNNING:
+        holder = await runtime.run_lease(org, run.id, principal=operator)
+        if not holder.live:  # free again (its driver stopped): ours to drive
+            run = await _drive_live(runtime, org, run, agent, resume=True)
+            continue
+        until = f"{holder.expires_at:%Y-%m-%d %H:%M:%S %Z}" if holder.expires_at else "?"
+        if not wait:
+            _err.print(
+                Text(
+                    f"run {run.id} is being driven by {holder.owner} (lease renewed, next "
+                    f"expiry {until}); not resumed here. --wait waits for it to end"
+                ),
+                soft_wrap=True,
+            )
+            return run
+        if not told:
+            _err.print(
+                Text(f"run {run.id} is being driven by {holder.owner}; waiting for it to end"),
+                soft_wrap=True,
+            )
+            told = True
+        await asyncio.sleep(min(1.0, runtime.settings.runs.lease_renew_s))
+        if await runtime.run_status(org, run.id, principal=operator) is not RunStatus.RUNNING:
+            run = await runtime.get_run(org, run.id, principal=operator)
+    return run
+
+
 # commands --------------------------------------------------------------------------------
 
 
@@ -537,9 +581,22 @@ def runs_show(
 
 @runs_app.command("resume")
 def runs_resume(
-    ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="The run's id.")]
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="If another driver holds the run, wait until the run ends (and take it "
+            "over if that driver stops).",
+        ),
+    ] = False,
 ) -> None:
-    """Continue a RUNNING run after its last recorded step (after a crash or Ctrl-C)."""
+    """Continue a RUNNING run after its last recorded step (after a crash or Ctrl-C).
+
+    One driver per run: a run another driver holds (the API's executor, another resume)
+    is not driven here; the command says who holds it and exits 1, or with --wait waits.
+    """
     org = _org(ctx)
 
     async def work() -> int:
@@ -549,11 +606,36 @@ def runs_resume(
             run = await runtime.get_run(org, key, principal=operator)
             agent = await runtime.get_agent(org, run.agent_id, principal=operator)
             if run.status is RunStatus.RUNNING:
-                run = await _drive_live(runtime, org, run, agent, resume=True)
+                run = await _resume_or_wait(runtime, org, run, agent, wait=wait)
             else:
                 _err.print(Text(f"run {run.id} already ended: {run.status.value}"))
         _print_run(run, agent.name)
         return _run_exit_code(run)
+
+    _execute(work())
+
+
+@runs_app.command("cancel")
+def runs_cancel(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    reason: Annotated[str | None, typer.Option("--reason", help="Why (recorded).")] = None,
+) -> None:
+    """Cancel a RUNNING run: it ends FAILED ("cancelled by operator"); its driver stops at
+    its next step. A run that already ended is shown as it is."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        key = _parse_uuid(run_id, "run")
+        operator = _operator(org)
+        async with _runtime(with_models=False) as runtime:
+            before = await runtime.run_status(org, key, principal=operator)
+            run = await runtime.cancel_run(org, key, principal=operator, reason=reason)
+            agent = await runtime.get_agent(org, run.agent_id, principal=operator)
+        if before is not RunStatus.RUNNING:
+            _err.print(Text(f"run {run.id} already ended: {run.status.value}"))
+        _print_run(run, agent.name)
+        return 0
 
     _execute(work())
 
@@ -638,6 +720,8 @@ def keys_create(
         tools = ", ".join(sorted(wanted.grant.tools)) if wanted.grant else ""
         _out.print(Text(f"grant: {tools or 'none (no tool calls; add --grant)'}"), soft_wrap=True)
         _out.print(Text(f"API key (shown once): {key}"), soft_wrap=True)
+        for warning in created.warnings:
+            _err.print(Text(f"warning: {warning}"), soft_wrap=True)
         return 0
 
     _execute(work())
@@ -653,8 +737,10 @@ def keys_revoke(
     async def work() -> int:
         parsed = _parse_uuid(key_id, "key")
         async with _runtime(with_models=False) as runtime:
-            await runtime.revoke_api_key(org, parsed, principal=_operator(org))
-        _out.print(Text(f"revoked key {parsed}"), soft_wrap=True)
+            revoked = await runtime.revoke_api_key(org, parsed, principal=_operator(org))
+        when = revoked.revoked_at.isoformat(timespec="seconds")
+        done = "revoked key" if revoked.revoked_now else "key already revoked:"
+        _out.print(Text(f"{done} {parsed} (revoked at {when})"), soft_wrap=True)
         return 0
 
     _execute(work())

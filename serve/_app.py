@@ -17,11 +17,11 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol, runtime_checkable
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import AwareDatetime
@@ -31,23 +31,27 @@ from starlette.types import Receive, Scope, Send
 import cortex_ray
 from cortex_ray import (
     ApiOptions,
+    ConflictError,
     Executor,
     InProcessExecutor,
     MemoryKind,
     Principal,
     ProposalStatus,
     RunStatus,
+    RunSupervisor,
     Runtime,
-    Session,
+    SessionStatus,
     Settings,
     TaskRun,
     TurnEvent,
     TurnEventKind,
+    TurnResult,
     events_until,
     load_settings,
 )
 from cortex_ray.knowledge import Fusion
-from serve._errors import ApiProblem, error_response, install_error_handlers, status_of
+from cortex_ray.storage import TurnRecord, TurnStatus
+from serve._errors import ApiProblem, error_response, install_error_handlers, report
 from serve._schemas import (
     ORG_PATTERN,
     AgentBody,
@@ -74,6 +78,7 @@ from serve._schemas import (
     SessionEnded,
     TaskAccepted,
     TaskBody,
+    TaskCancel,
     TaskCreate,
     TaskList,
     TaskSummary,
@@ -87,6 +92,7 @@ from serve._schemas import (
     TurnRefused,
     TurnReply,
     TurnStarted,
+    TurnStatusBody,
     TurnToolCall,
     from_agent,
     from_observation,
@@ -125,10 +131,20 @@ def options_for(runtime: Runtime | Settings | object | None) -> ApiOptions:
 
 @dataclass(frozen=True, slots=True)
 class ApiState:
-    """What the routes use: the open runtime and the executor."""
+    """What the routes use: the open runtime and the executor, and the turns this process
+    is waiting on (held here: asyncio keeps only weak references to tasks, and a turn must
+    outlive the request whose client went away)."""
 
     runtime: Runtime
     executor: Executor
+    turns: set[asyncio.Future[Any]] = field(default_factory=set)
+
+    def keep(self, task: asyncio.Future[Any]) -> asyncio.Future[Any]:
+        """Hold ``task`` until it ends."""
+        self.turns.add(task)
+        task.add_done_callback(self.turns.discard)
+        task.add_done_callback(_retrieve)
+        return task
 
 
 @runtime_checkable
@@ -232,31 +248,112 @@ AgentRef = Annotated[
 ToolName = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")]
 
 
-async def _own_open_session(
-    state: StateDep, org: OrgPath, session_id: UUID, principal: MemberDep
-) -> Session:
-    """The session a message goes to: the caller's own, and still open. Checked before the
-    event stream starts, so a refusal is an ordinary JSON error response."""
-    return await state.runtime.authorize_turn(org, session_id, principal)
+@dataclass(frozen=True, slots=True)
+class _StartedTurn:
+    turn: TurnRecord
+    running: asyncio.Future[TurnResult]
+    events: asyncio.Queue[TurnEvent]
 
 
-def _sse(event: str, body: Any) -> ServerSentEvent:
+async def _started_turn(
+    state: StateDep, org: OrgPath, session_id: UUID, principal: MemberDep, body: MessageCreate
+) -> _StartedTurn:
+    """The message recorded as the session's next turn (the caller's own session, still
+    open, not busy) and handed to the executor, before the event stream starts: a refusal is
+    an ordinary JSON error response, and a client that goes away at once loses nothing."""
+    turn = await state.runtime.accept_turn(org, session_id, body.message, principal=principal)
+    events: asyncio.Queue[TurnEvent] = asyncio.Queue()
+    running = asyncio.ensure_future(
+        state.executor.turn(
+            org,
+            turn.session_id,
+            principal,
+            turn.message,
+            turn_id=turn.id,
+            on_event=events.put_nowait,
+        )
+    )
+    state.keep(running)
+    return _StartedTurn(turn, running, events)
+
+
+async def _readable_turn(
+    state: StateDep, org: OrgPath, session_id: UUID, turn_id: UUID, principal: MemberDep
+) -> TurnRecord:
+    """A turn of a session the caller may read (its caller, or an admin)."""
+    return await state.runtime.get_turn(org, session_id, turn_id, principal=principal)
+
+
+def _last_seen(
+    turn_id: UUID,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            alias="Last-Event-ID",
+            max_length=100,
+            description="the id of the last event the client has (`<turnId>:<seq>`)",
+        ),
+    ] = None,
+    after: Annotated[
+        int | None,
+        Query(ge=0, le=1_000_000, description="replay the events after this sequence number"),
+    ] = None,
+) -> int:
+    """The sequence number of the last event the client has; -1: none (replay from
+    ``started``)."""
+    if last_event_id is not None and last_event_id.strip():
+        turn_part, _, seq = last_event_id.strip().rpartition(":")
+        if turn_part != str(turn_id) or not seq.isdigit():
+            raise ApiProblem(422, f"Last-Event-ID must be '{turn_id}:<seq>'")
+        return int(seq)
+    return -1 if after is None else after
+
+
+def _event_id(turn_id: UUID, seq: int) -> str:
+    return f"{turn_id}:{seq}"
+
+
+def _sse(event: str, body: Any, *, event_id: str | None = None) -> ServerSentEvent:
     data = body.model_dump(mode="json", by_alias=True) if hasattr(body, "model_dump") else body
-    return ServerSentEvent(event=event, data=data)
+    return ServerSentEvent(event=event, data=data, id=event_id)
 
 
-def _turn_event(event: TurnEvent) -> ServerSentEvent:
+def _turn_event(event: TurnEvent, *, event_id: str | None = None) -> ServerSentEvent:
     if event.kind is TurnEventKind.TOOL_CALL:
         return _sse(
             "tool_call",
             TurnToolCall(round=event.round, tool=event.tool or "", args=event.args or {}),
+            event_id=event_id,
         )
     if event.kind is TurnEventKind.OBSERVATION and event.observation is not None:
         body = from_observation(event.observation).model_dump()
-        return _sse("observation", TurnObservation(round=event.round, **body))
+        return _sse("observation", TurnObservation(round=event.round, **body), event_id=event_id)
     if event.kind is TurnEventKind.REPLY:
-        return _sse("reply", TurnReply(message=event.text or ""))
-    return _sse("refused", TurnRefused(reason=event.text or "no reply"))
+        return _sse("reply", TurnReply(message=event.text or ""), event_id=event_id)
+    return _sse("refused", TurnRefused(reason=event.text or "no reply"), event_id=event_id)
+
+
+def _turn_done(session_id: UUID, result: TurnResult, *, event_id: str) -> ServerSentEvent:
+    body = TurnDone(
+        session_id=session_id,
+        reply=result.reply,
+        refused=result.refused,
+        observations=len(result.observations),
+    )
+    return _sse("done", body, event_id=event_id)
+
+
+def _turn_error(exc: BaseException, what: str, *, event_id: str) -> ServerSentEvent:
+    # The stream has started (200): the refusal travels as an event with the status the
+    # request would otherwise have got.
+    problem = report(exc, what=what)
+    error = TurnError(
+        status=problem.status,
+        code=problem.code,
+        message=problem.message,
+        correlation_id=problem.correlation_id,
+    )
+    return _sse("error", error, event_id=event_id)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -343,7 +440,8 @@ def create_app(
             shutdown, in the serving process.
         executor: Drives runs and turns. An ``Executor`` is used as given (the caller closes
             it); a factory gets the opened runtime; ``None`` means an ``InProcessExecutor``.
-            Either of the last two is closed at shutdown.
+            Either of the last two is closed at shutdown. The app's start-up also starts a
+            ``RunSupervisor`` on them: RUNNING runs that nobody drives are resumed.
         options: Limits and serving options (default: the settings' ``api``, from
             ``CORTEX_API__*``).
     """
@@ -363,6 +461,11 @@ def create_app(
                 app.state.api = state = ApiState(opened, made)
             elif executor is None:
                 stack.push_async_callback(_aclose, state.executor)
+            # Resumes the runs nobody drives (interrupted by a stop or a crash), now and
+            # periodically; stopped first on the way out (the stack unwinds in reverse).
+            supervisor = RunSupervisor(state.runtime, state.executor)
+            await supervisor.start()
+            stack.push_async_callback(supervisor.aclose)
             log.info("cortex-ray API ready (executor: %s)", type(state.executor).__name__)
             try:
                 yield
@@ -698,6 +801,27 @@ def _org_router() -> APIRouter:
             run = await _wait_terminal(state, org, principal, run, wait)
         return from_run(run)
 
+    @router.post(
+        "/tasks/{task_id}/cancel",
+        response_model=TaskBody,
+        tags=["tasks"],
+        responses={403: {"model": ApiError, "description": "not the run's caller nor an admin"}},
+    )
+    async def cancel_task(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        task_id: UUID,
+        body: TaskCancel | None = None,
+    ) -> TaskSummary:
+        """Cancel a RUNNING run (the person it acts for, or an admin): it ends FAILED with
+        the reason "cancelled by <principal>"; its driver stops at its next step. A run that
+        already ended is returned as it is, at once: cancelling twice changes nothing."""
+        run = await state.runtime.cancel_run(
+            org, task_id, principal=principal, reason=None if body is None else body.reason
+        )
+        return from_run(run)
+
     # sessions ----------------------------------------------------------------------------
 
     @router.post("/sessions", response_model=SessionBody, status_code=201, tags=["sessions"])
@@ -744,49 +868,118 @@ def _org_router() -> APIRouter:
                 "the invocation gate passed it) or `refused`; then `done` (or `error`)."
             },
             403: {"model": ApiError, "description": "another caller's session"},
-            409: {"model": ApiError, "description": "the session has ended"},
+            409: {
+                "model": ApiError,
+                "description": "the session has ended, or is busy (its queue of turns is full)",
+            },
         },
     )
     async def post_message(
         state: StateDep,
         org: OrgPath,
         principal: MemberDep,
-        session: Annotated[Session, Depends(_own_open_session)],
-        body: MessageCreate,
+        started_turn: Annotated[_StartedTurn, Depends(_started_turn)],
     ) -> AsyncIterator[ServerSentEvent]:
-        """Send a message; the turn's events come back as server-sent events.
+        """Send a message; the turn's events come back as server-sent events, each with an
+        id ``<turnId>:<seq>`` (``started`` is 0).
 
-        Turns of one session run one at a time, in arrival order. The turn runs to the end
-        even if the client disconnects (its messages are then in the history)."""
-        events: asyncio.Queue[TurnEvent] = asyncio.Queue()
-        turn = asyncio.ensure_future(
-            state.executor.turn(
-                org, session.id, principal, body.message, on_event=events.put_nowait
-            )
-        )
-        turn.add_done_callback(_retrieve)
-        yield _sse("started", TurnStarted(session_id=session.id))
-        async for event in events_until(turn, events):
-            yield _turn_event(event)
+        The message is recorded (the turn accepted) before the stream starts; turns of one
+        session run one at a time, in arrival order. The turn runs to its end even if the
+        client disconnects: its messages are then in the history, and
+        ``GET .../turns/{turnId}/events`` with ``Last-Event-ID`` replays what was missed."""
+        turn, running, events = started_turn.turn, started_turn.running, started_turn.events
+        started = TurnStarted(session_id=turn.session_id, turn_id=turn.id)
+        yield _sse("started", started, event_id=_event_id(turn.id, 0))
+        seq = 0
+        async for event in events_until(running, events):
+            seq += 1
+            yield _turn_event(event, event_id=_event_id(turn.id, seq))
+        end_id = _event_id(turn.id, seq + 1)
         try:
-            result = turn.result()
+            result = running.result()
         except Exception as exc:
-            # The stream has started (200): the refusal travels as an event with the status
-            # the request would otherwise have got.
-            status, code, message = status_of(exc)
-            if status == 500:
-                log.error("turn of session %s failed", session.id, exc_info=exc)
-            yield _sse("error", TurnError(status=status, code=code, message=message))
+            yield _turn_error(exc, f"turn {turn.id} of session {turn.session_id}", event_id=end_id)
             return
-        yield _sse(
-            "done",
-            TurnDone(
-                session_id=session.id,
-                reply=result.reply,
-                refused=result.refused,
-                observations=len(result.observations),
+        yield _turn_done(turn.session_id, result, event_id=end_id)
+
+    @router.get(
+        "/sessions/{session_id}/turns/{turn_id}",
+        response_model=TurnStatusBody,
+        tags=["sessions"],
+        responses={403: {"model": ApiError, "description": "another caller's session"}},
+    )
+    async def get_turn(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        session_id: UUID,
+        turn_id: UUID,
+        wait: Annotated[
+            float,
+            Query(
+                ge=0,
+                le=MAX_WAIT_S,
+                description="seconds to wait for a turn not ended yet to end before answering",
             ),
+        ] = 0,
+    ) -> TurnStatusBody:
+        """An accepted turn (its session's caller, or an admin): ACCEPTED, RUNNING, DONE or
+        FAILED, with its reply or refusal (or why it failed) once it has ended."""
+        turn = await state.runtime.get_turn(
+            org, session_id, turn_id, principal=principal, wait_s=wait
         )
+        return TurnStatusBody.of(turn)
+
+    @router.get(
+        "/sessions/{session_id}/turns/{turn_id}/events",
+        response_class=EventSourceResponse,
+        tags=["sessions"],
+        responses={
+            200: {
+                "description": "The turn's events after `Last-Event-ID` (or `after`; neither: "
+                "from `started`), with the same ids as on the first stream, then `done` (or "
+                "`error` for a turn that FAILED). A turn still running is waited for up to "
+                "the server's `sessions.turn_replay_wait_s`; if it is still running then, the "
+                "stream is one `pending` event (the turn's status): reconnect."
+            },
+            403: {"model": ApiError, "description": "another caller's session"},
+            422: {"model": ApiError, "description": "a Last-Event-ID of another turn"},
+        },
+    )
+    async def turn_events(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        turn: Annotated[TurnRecord, Depends(_readable_turn)],
+        seen: Annotated[int, Depends(_last_seen)],
+    ) -> AsyncIterator[ServerSentEvent]:
+        """Reconnect to a turn: replay the events a client missed once the turn has ended."""
+        if not turn.status.ended:
+            turn = await state.runtime.get_turn(
+                org,
+                turn.session_id,
+                turn.id,
+                principal=principal,
+                wait_s=state.runtime.settings.sessions.turn_replay_wait_s,
+            )
+        if not turn.status.ended:
+            yield _sse("pending", TurnStatusBody.of(turn))
+            return
+        if seen < 0:
+            started = TurnStarted(session_id=turn.session_id, turn_id=turn.id)
+            yield _sse("started", started, event_id=_event_id(turn.id, 0))
+        for stored in turn.events:
+            if stored.seq > seen:
+                yield _turn_event(stored.event, event_id=_event_id(turn.id, stored.seq))
+        end_seq = turn.last_seq + 1
+        if seen >= end_seq:
+            return
+        end_id = _event_id(turn.id, end_seq)
+        if turn.status is TurnStatus.FAILED:
+            failed = ConflictError(turn.reason or "the turn failed")
+            yield _turn_error(failed, f"replay of turn {turn.id}", event_id=end_id)
+            return
+        yield _turn_done(turn.session_id, turn.result(), event_id=end_id)
 
     @router.post(
         "/sessions/{session_id}/end",
@@ -798,8 +991,11 @@ def _org_router() -> APIRouter:
         state: StateDep, org: OrgPath, principal: MemberDep, session_id: UUID
     ) -> SessionEnded:
         """End a session (its caller, or an admin); the extraction pass writes facts.
-        Ending an ended session changes nothing."""
-        await state.runtime.authorize_end_session(org, session_id, principal=principal)
+        Ending an ended session changes nothing: it answers at once with the session as it
+        is (and no facts), without waking its actor."""
+        session = await state.runtime.authorize_end_session(org, session_id, principal=principal)
+        if session.status is SessionStatus.ENDED:
+            return SessionEnded(session=from_session(session), facts=[])
         facts = await state.executor.end_session(org, session_id)
         session = await state.runtime.get_session(org, session_id, principal=principal)
         return SessionEnded(session=from_session(session), facts=[MemoryBody.of(f) for f in facts])
@@ -824,13 +1020,29 @@ def _org_router() -> APIRouter:
         tags=["tools"],
     )
     async def call_tool(
-        state: StateDep, org: OrgPath, principal: MemberDep, tool_name: ToolName, body: ToolCall
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        tool_name: ToolName,
+        body: ToolCall,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                alias="Idempotency-Key",
+                min_length=1,
+                max_length=200,
+                pattern=r"^[\x20-\x7e]+$",
+                description="repeat a call safely: a tool that writes returns the result "
+                "of the first call with this key (per caller, agent and tool) and writes "
+                "nothing",
+            ),
+        ] = None,
     ) -> ObservationBody:
         """Call a tool directly, as the caller, through the invocation gate (schema check,
         agent grant ∩ caller grant, hooks, limits, audit). The gate's verdict is the
         observation's ``status``: OK, REFUSED (with the reason), ERROR or TIMEOUT."""
         observation = await state.runtime.invoke_tool(
-            org, body.agent_id, principal, tool_name, body.args
+            org, body.agent_id, principal, tool_name, body.args, idempotency_key=idempotency_key
         )
         return from_observation(observation)
 

@@ -1,4 +1,4 @@
-"""One error body for every refusal: ``{"error": {"code", "message", "details"}}``.
+"""One error body for every refusal: ``{"error": {"code", "message", "details", "correlationId"}}``.
 
 status  code                    when
 400     malformed_json          the body is not JSON (or not parseable)
@@ -7,26 +7,66 @@ status  code                    when
 404     not_found               no such row in the caller's organisation, or another
                                 organisation (NotFoundError); unknown route
 405     method_not_allowed
-409     conflict                the session has ended
+409     conflict                the session has ended, or its queue of turns is full
+                                (ConflictError, SessionBusyError)
 413     payload_too_large       the body is over the configured limit
 422     invalid_request         the body, path or query fails validation, or the runtime
                                 refuses it (InvalidRequestError)
+500     internal_error          anything else: the body says only "internal error"
 502     model_error             the model backend failed (ModelError)
-503     unavailable             the runtime is not open, or the database is unreachable
-500     internal_error          anything else (logged with its traceback)
+503     unavailable             the runtime is not open, the database is unreachable, a
+                                session actor died or cannot be reached, a deployment is
+                                down or over its queue (UnavailableError, StorageError,
+                                Ray's actor errors, Serve's unavailable and back-pressure
+                                errors)
+504     timeout                 something behind the route did not answer in time
+                                (TimeoutError, Ray's GetTimeoutError)
+
+What a client reads is decided here, and only here. An error from a session actor or a
+deployment arrives wrapped by Ray (``RayTaskError``: its ``str`` is the remote traceback, with
+colour codes, the worker's pid and IP and the actor's id and repr); :func:`root_cause` takes
+the wrapper off (``RayTaskError.cause``) and :func:`status_of` maps the cause by type. A
+cortex-ray error's own message is shown (4xx, and 503 from ``UnavailableError``, whose
+messages say whether to retry); model and storage failures get a fixed message, since theirs
+wrap a backend's text (URLs, hosts); anything unexpected is "internal error".
+
+Every request has a correlation id: the client's ``X-Correlation-Id`` or ``X-Request-Id``
+when well-formed (1–128 of ``A-Z a-z 0-9 . _ : -``), else a new one (behind Ray Serve the
+proxy has set ``X-Request-Id`` to its request id by then). Every response carries it
+in the ``X-Correlation-Id`` header, every error body as ``correlationId`` (the SSE ``error``
+event too), and :func:`report` writes the full detail (the traceback, Ray's text) to the
+``serve.api`` log with it, so one id leads from what a client saw to what happened.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import uuid
 from collections.abc import Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from ray.exceptions import (
+    GetTimeoutError,
+    LocalRayletDiedError,
+    NodeDiedError,
+    ObjectLostError,
+    RayActorError,
+    RaySystemError,
+    RayTaskError,
+    TaskCancelledError,
+    WorkerCrashedError,
+)
+from ray.serve.exceptions import BackPressureError, RayServeException, gRPCStatusError
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cortex_ray import (
     AccessDeniedError,
@@ -40,9 +80,31 @@ from cortex_ray import (
 )
 from serve._schemas import ApiError, ErrorBody, ErrorDetail
 
-__all__ = ["ApiProblem", "error_response", "install_error_handlers", "status_of"]
+__all__ = [
+    "CORRELATION_HEADER",
+    "ApiProblem",
+    "CorrelationMiddleware",
+    "Problem",
+    "correlation_id",
+    "error_response",
+    "install_error_handlers",
+    "report",
+    "root_cause",
+    "status_of",
+]
 
 log = logging.getLogger("serve.api")
+
+CORRELATION_HEADER = "X-Correlation-Id"
+"""The response header naming the request's correlation id (also accepted on requests)."""
+
+_REQUEST_HEADERS = ("x-correlation-id", "x-request-id")
+_WELL_FORMED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+_TRACEBACK_MARKS = ("Traceback (most recent call last)", 'File "')
+_MAX_MESSAGE = 1000
+_MAX_UNWRAP = 8
 
 _CODES = {
     400: "bad_request",
@@ -58,7 +120,19 @@ _CODES = {
     500: "internal_error",
     502: "model_error",
     503: "unavailable",
+    504: "timeout",
 }
+
+_INTERNAL = "internal error"
+_MODEL_FAILED = "the model backend failed; try again later"
+_DATABASE_DOWN = "the database is unavailable; try again later"
+_ACTOR_DOWN = "the session's actor is unavailable; try again later"
+_SERVICE_DOWN = "the service is unavailable; try again later"
+_OVERLOADED = "the service is over its queue; try again later"
+_CANCELLED = "the request was cancelled before it finished"
+_TIMED_OUT = "the request did not finish in time; try again later"
+
+_current: ContextVar[str | None] = ContextVar("cortex_correlation_id", default=None)
 
 
 class ApiProblem(HTTPException):
@@ -76,6 +150,190 @@ class ApiProblem(HTTPException):
         self.code = code or _CODES.get(status_code, "error")
 
 
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """What a client is told about a failure: the status, a stable code, a message that
+    leaks nothing, and the correlation id under which the log holds the detail."""
+
+    status: int
+    code: str
+    message: str
+    correlation_id: str
+
+
+# correlation ids ---------------------------------------------------------------------------
+
+
+def correlation_id() -> str:
+    """The current request's correlation id (a new one outside a request)."""
+    return _current.get() or str(uuid.uuid4())
+
+
+def _requested_id(scope: Scope) -> str | None:
+    headers = Headers(scope=scope)
+    for name in _REQUEST_HEADERS:
+        value = headers.get(name)
+        if value is not None and _WELL_FORMED.fullmatch(value):
+            return value
+    return None
+
+
+class CorrelationMiddleware:
+    """Gives each HTTP request its correlation id (the client's, if well-formed), puts it on
+    the response, and renders what no exception handler caught as the 500 error body."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cid = _requested_id(scope) or str(uuid.uuid4())
+        token = _current.set(cid)
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = MutableHeaders(scope=message)
+                if CORRELATION_HEADER not in headers:
+                    headers[CORRELATION_HEADER] = cid
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            what = f"{scope.get('method', '')} {scope.get('path', '')}"
+            if started:  # the response is on its way: only the log can hear of it
+                log.error("%s failed mid-response [correlation_id=%s]", what, cid, exc_info=exc)
+                return
+            problem = report(exc, what=what)
+            response = error_response(problem.status, problem.message, code=problem.code)
+            await response(scope, receive, send_with_id)
+        finally:
+            _current.reset(token)
+
+
+# mapping -----------------------------------------------------------------------------------
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The exception under Ray's wrappers: ``RayTaskError`` (an actor's or a replica's
+    exception, re-raised by Ray in the caller as ``RayTaskError(<cause class>)``: its ``cause``
+    is the original), Serve's ``gRPCStatusError``, and a group of one."""
+    for _ in range(_MAX_UNWRAP):
+        inner: BaseException | None
+        if isinstance(exc, RayTaskError):
+            inner = exc.cause
+        elif isinstance(exc, gRPCStatusError):
+            inner = exc.original_exception
+        elif isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            inner = exc.exceptions[0]
+        else:
+            return exc
+        if not isinstance(inner, BaseException) or inner is exc:
+            return exc
+        exc = inner
+    return exc
+
+
+def _clean(message: str, status: int) -> str:
+    """A message fit for a client: no colour codes or control characters, one line, bounded;
+    a message that carries a traceback is replaced (the log has it)."""
+    text = _CONTROL.sub(" ", _ANSI.sub("", message))
+    text = " ".join(text.split())
+    if not text or any(mark in text for mark in _TRACEBACK_MARKS):
+        return _INTERNAL if status >= 500 else _CODES.get(status, "error").replace("_", " ")
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 1] + "…"
+
+
+_CORTEX_STATUS: tuple[tuple[type[CortexError], int], ...] = (  # first match wins
+    (NotFoundError, 404),
+    (InvalidRequestError, 422),
+    (AccessDeniedError, 403),
+    (ConflictError, 409),
+    (ModelError, 502),
+    (StorageError, 503),
+    (UnavailableError, 503),
+)
+
+# Ray's errors of a process, node or object going away: what served the call is down.
+_RAY_DOWN: tuple[type[BaseException], ...] = (
+    RayActorError,
+    WorkerCrashedError,
+    NodeDiedError,
+    LocalRayletDiedError,
+    ObjectLostError,
+    RaySystemError,
+)
+
+
+def _classify(cause: BaseException) -> tuple[int, str]:
+    """(status, message) for an unwrapped exception."""
+    if isinstance(cause, CortexError):
+        for kind, status in _CORTEX_STATUS:
+            if isinstance(cause, kind):
+                if isinstance(cause, ModelError):
+                    return status, _MODEL_FAILED
+                if isinstance(cause, StorageError):
+                    return status, _DATABASE_DOWN
+                return status, _clean(str(cause), status)
+        return 500, _INTERNAL
+    if isinstance(cause, (TimeoutError, GetTimeoutError)):  # asyncio's and Ray's
+        return 504, _TIMED_OUT
+    if isinstance(cause, RayActorError):
+        return 503, _ACTOR_DOWN
+    if isinstance(cause, _RAY_DOWN):
+        return 503, _SERVICE_DOWN
+    if isinstance(cause, BackPressureError):
+        return 503, _OVERLOADED
+    if isinstance(cause, TaskCancelledError):  # Serve's RequestCancelledError too
+        return 503, _CANCELLED
+    if isinstance(cause, RayServeException):  # deployment or replica unavailable
+        return 503, _SERVICE_DOWN
+    if isinstance(cause, psycopg.DataError):
+        # A value PostgreSQL cannot hold (validation should have caught it first).
+        return 422, "a value in the request cannot be stored"
+    if isinstance(cause, psycopg.OperationalError):  # the pool's timeout included
+        return 503, _DATABASE_DOWN
+    return 500, _INTERNAL
+
+
+def status_of(exc: BaseException) -> tuple[int, str, str]:
+    """(HTTP status, code, message) for an error raised behind a route (Ray's wrappers
+    taken off first). Logs nothing: :func:`report` does."""
+    status, message = _classify(root_cause(exc))
+    return status, _CODES[status], message
+
+
+def _detail(exc: BaseException) -> str:
+    return f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
+
+
+def report(exc: BaseException, *, what: str) -> Problem:
+    """Map ``exc`` for a client and log its full detail under the request's correlation id:
+    a server error (5xx) with its traceback at ERROR, a refusal (4xx) at INFO."""
+    cid = correlation_id()
+    status, code, message = status_of(exc)
+    extra = {"correlation_id": cid, "status": status, "code": code}
+    if status >= 500:
+        log.error(
+            "%s failed: %d %s [correlation_id=%s]: %s",
+            what, status, code, cid, _detail(exc), exc_info=exc, extra=extra,
+        )  # fmt: skip
+    else:
+        log.info(
+            "%s refused: %d %s [correlation_id=%s]: %s",
+            what, status, code, cid, _detail(exc), extra=extra,
+        )  # fmt: skip
+    return Problem(status, code, message, cid)
+
+
+# responses ---------------------------------------------------------------------------------
+
+
 def error_response(
     status_code: int,
     message: str,
@@ -84,13 +342,20 @@ def error_response(
     details: list[ErrorDetail] | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
+    """The error body, with the request's correlation id in it and in its header."""
+    cid = correlation_id()
     body = ApiError(
         error=ErrorBody(
-            code=code or _CODES.get(status_code, "error"), message=message, details=details or []
+            code=code or _CODES.get(status_code, "error"),
+            message=message,
+            details=details or [],
+            correlation_id=cid,
         )
     )
     return JSONResponse(
-        body.model_dump(mode="json", by_alias=True), status_code=status_code, headers=headers
+        body.model_dump(mode="json", by_alias=True),
+        status_code=status_code,
+        headers={**(headers or {}), CORRELATION_HEADER: cid},
     )
 
 
@@ -131,52 +396,19 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, message, code=code, headers=exc.headers)
 
 
-def _status_table() -> tuple[tuple[type[CortexError], int], ...]:
-    table: list[tuple[type[CortexError], int]] = [  # first match wins
-        (NotFoundError, 404),
-        (InvalidRequestError, 422),
-        (AccessDeniedError, 403),
-        (ConflictError, 409),
-        (ModelError, 502),
-        (StorageError, 503),
-        (UnavailableError, 503),
-    ]
-    return tuple(table)
-
-
-_CORTEX_STATUS = _status_table()
-
-
-def status_of(exc: BaseException) -> tuple[int, str, str]:
-    """(HTTP status, code, message) for an error raised behind a route."""
-    if isinstance(exc, CortexError):
-        for kind, status in _CORTEX_STATUS:
-            if isinstance(exc, kind):
-                return status, _CODES[status], str(exc)
-    return 500, _CODES[500], "internal error"
-
-
-async def _on_cortex(request: Request, exc: Exception) -> JSONResponse:
-    status, code, message = status_of(exc)
-    if status == 500:
-        log.error("unexpected cortex-ray error", exc_info=exc)
-    return error_response(status, message, code=code)
-
-
-async def _on_data_error(request: Request, exc: Exception) -> JSONResponse:
-    # A value PostgreSQL cannot hold (validation should have caught it first).
-    log.warning("the database refused a value: %s", exc)
-    return error_response(422, "a value in the request cannot be stored")
-
-
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, "internal error")
+async def _on_error(request: Request, exc: Exception) -> JSONResponse:
+    problem = report(exc, what=f"{request.method} {request.url.path}")
+    return error_response(problem.status, problem.message, code=problem.code)
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """The error body for every failure of ``app``, and a correlation id for every request."""
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)
-    app.add_exception_handler(CortexError, _on_cortex)
-    app.add_exception_handler(psycopg.DataError, _on_data_error)
-    app.add_exception_handler(Exception, _on_unexpected)
+    app.add_exception_handler(CortexError, _on_error)
+    app.add_exception_handler(psycopg.Error, _on_error)
+    # Everything else reaches CorrelationMiddleware (inside Starlette's last-resort handler,
+    # so the 500 body and the log line carry the request's correlation id); the handler
+    # below is only Starlette's fallback should anything escape it.
+    app.add_exception_handler(Exception, _on_error)
+    app.add_middleware(CorrelationMiddleware)

@@ -8,6 +8,7 @@ included.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -42,6 +43,7 @@ from cortex_ray import (
     Turn,
 )
 from cortex_ray.knowledge import Fusion, SearchHit, Tier
+from cortex_ray.storage import SessionMessage, TurnRecord, TurnStatus
 
 __all__ = [
     "ORG_PATTERN",
@@ -73,6 +75,7 @@ __all__ = [
     "StepBody",
     "TaskAccepted",
     "TaskBody",
+    "TaskCancel",
     "TaskCreate",
     "TaskList",
     "TaskPayload",
@@ -84,6 +87,7 @@ __all__ = [
     "TurnDone",
     "TurnError",
     "TurnStarted",
+    "TurnStatusBody",
     "from_agent",
     "from_observation",
     "from_run",
@@ -176,6 +180,10 @@ class ErrorBody(_Out):
     code: str = Field(description="a stable machine-readable code, e.g. not_found")
     message: str = Field(description="what went wrong, for a person")
     details: list[ErrorDetail] = Field(default_factory=list)
+    correlation_id: str = Field(
+        description="the request's correlation id (also the X-Correlation-Id header): the "
+        "server log has the full detail under it"
+    )
 
 
 class ApiError(_Out):
@@ -473,6 +481,10 @@ class TaskSummary(_Out):
 
 class TaskBody(TaskSummary):
     steps: list[StepBody]
+    steps_json: str = Field(
+        description="the same step log as `steps`, serialised as a JSON string (the seed's "
+        "TaskRun.stepsJson: `JSON.parse(stepsJson)` equals `steps`)"
+    )
 
 
 def _summary_fields(run: TaskRun) -> dict[str, Any]:
@@ -495,12 +507,22 @@ def _summary_fields(run: TaskRun) -> dict[str, Any]:
 
 def from_run(run: TaskRun, *, with_steps: bool = True) -> TaskBody | TaskSummary:
     if with_steps:
-        return TaskBody(**_summary_fields(run), steps=[_step(s) for s in run.steps])
+        steps = [_step(s) for s in run.steps]
+        serialised = json.dumps(
+            [s.model_dump(mode="json", by_alias=True) for s in steps], ensure_ascii=False
+        )
+        return TaskBody(**_summary_fields(run), steps=steps, steps_json=serialised)
     return TaskSummary(**_summary_fields(run))
 
 
 class TaskList(_Out):
     tasks: list[TaskSummary]
+
+
+class TaskCancel(_Body):
+    reason: Annotated[str, Field(max_length=500), AfterValidator(_clean)] | None = Field(
+        default=None, description="why, recorded after 'cancelled by <principal>'"
+    )
 
 
 # sessions --------------------------------------------------------------------------------
@@ -538,9 +560,31 @@ class TurnBody(_Out):
     role: Literal["user", "assistant", "tool"]
     content: str
     tool: str | None
+    turn_id: UUID | None = Field(
+        default=None, description="the turn the message belongs to (none: before turns)"
+    )
+    turn_status: TurnStatus | None = Field(
+        default=None,
+        description="the turn's status: ACCEPTED or RUNNING (only its user message is shown "
+        "yet), DONE, FAILED",
+    )
+    refused: str | None = Field(
+        default=None,
+        description="on the user message of a turn that ended without a reply: why (the "
+        "refusal, or the reason it FAILED)",
+    )
 
     @classmethod
     def of(cls, turn: Turn) -> TurnBody:
+        if isinstance(turn, SessionMessage):
+            return cls(
+                role=turn.role,
+                content=turn.content,
+                tool=turn.tool,
+                turn_id=turn.turn_id,
+                turn_status=turn.turn_status,
+                refused=turn.refused,
+            )
         return cls(role=turn.role, content=turn.content, tool=turn.tool)
 
 
@@ -550,9 +594,51 @@ class MessageList(_Out):
 
 
 class TurnStarted(_Out):
-    """SSE ``started``: the turn is queued or running."""
+    """SSE ``started``: the turn is accepted (recorded) and queued or running."""
 
     session_id: UUID
+    turn_id: UUID = Field(
+        description="reconnect with GET .../turns/{turnId}/events (Last-Event-ID) to read "
+        "what was missed"
+    )
+
+
+class TurnStatusBody(_Out):
+    """An accepted turn: where it is, and its outcome once it has ended."""
+
+    id: UUID
+    session_id: UUID
+    ordinal: int = Field(description="its place among the session's turns (0-based)")
+    status: TurnStatus
+    message: str
+    reply: str | None
+    refused: str | None
+    reason: str | None = Field(description="why it FAILED")
+    attempts: int = Field(description="times a driver took it (a recovery adds one)")
+    events: int = Field(description="events it emitted (stored once it has ended)")
+    last_event_id: str | None = Field(
+        description="the id of its last event once it has ended (its done or error event)"
+    )
+    accepted_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, turn: TurnRecord) -> TurnStatusBody:
+        return cls(
+            id=turn.id,
+            session_id=turn.session_id,
+            ordinal=turn.ordinal,
+            status=turn.status,
+            message=turn.message,
+            reply=turn.reply,
+            refused=turn.refused,
+            reason=turn.reason,
+            attempts=turn.attempts,
+            events=len(turn.events),
+            last_event_id=f"{turn.id}:{turn.last_seq + 1}" if turn.status.ended else None,
+            accepted_at=turn.accepted_at,
+            finished_at=turn.finished_at,
+        )
 
 
 class TurnToolCall(_Out):
@@ -587,6 +673,7 @@ class TurnError(_Out):
     status: int
     code: str
     message: str
+    correlation_id: str = Field(description="where the server log has the detail")
 
 
 class TurnDone(_Out):

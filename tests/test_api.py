@@ -348,6 +348,8 @@ async def test_task_runs_to_completion_with_its_step_log(
     assert first["observation"]["status"] == "OK" and "utc" in first["observation"]["output"]
     assert last["index"] == 1 and last["decision"] == "FINISH"
     assert last["message"] == "It is time." and last["observation"] is None
+    # The seed's name for the same log: a JSON string of exactly these steps.
+    assert json.loads(task["stepsJson"]) == task["steps"]
 
     # By the agent's name too; and the list shows both runs, newest first.
     r = await client.post(
@@ -431,14 +433,15 @@ async def test_session_messages_stream_tool_observations_then_the_reply(
     ]
 
     # Events arrive as they happen: the observation is on the wire while the turn still
-    # decides its reply (a turn's messages are stored when it ends).
+    # decides its reply (the accepted message shows at once; the turn's other messages are
+    # stored when it ends).
     seen: list[tuple[str, int]] = []
     url = f"{base}/messages"
     async with client.stream("POST", url, headers=ada, json={"message": "slowly: time?"}) as r:
         async for event in httpx2.EventSource(r):
             stored = (await client.get(url, headers=ada)).json()["messages"]
             seen.append((event.event, len(stored)))
-    assert seen[:3] == [("started", 5), ("tool_call", 5), ("observation", 5)]
+    assert seen[:3] == [("started", 6), ("tool_call", 6), ("observation", 6)]
     assert [name for name, _ in seen[3:]] == ["reply", "done"]
     assert seen[-1][1] == 8
     # Another caller of the organisation may neither read nor talk; an admin may read.
@@ -593,7 +596,7 @@ async def test_direct_tool_calls_and_memory_go_through_the_gate(
 
 # --- auth and isolation ------------------------------------------------------------------------
 
-PLACEHOLDERS = ("org", "agent_ref", "task_id", "session_id", "tool_name")
+PLACEHOLDERS = ("org", "agent_ref", "task_id", "session_id", "turn_id", "tool_name")
 
 
 @dataclass
@@ -605,6 +608,7 @@ class Estate:
     chat: dict[str, Any]
     task_id: str
     session_id: str
+    turn_id: str
 
 
 @pytest.fixture
@@ -624,10 +628,11 @@ async def estate(client: httpx2.AsyncClient, tenant: Tenant, db: Database) -> Es
         f"/api/orgs/{tenant.org}/sessions", headers=admin, json={"agentId": chat["id"]}
     )
     session_id = r.json()["id"]
-    await sse_events(
+    events = await sse_events(
         client, f"/api/orgs/{tenant.org}/sessions/{session_id}/messages", admin, "a secret message"
     )
-    return Estate(tenant, worker, chat, task_id, session_id)
+    turn_id = events[0][1]["turnId"]
+    return Estate(tenant, worker, chat, task_id, session_id, turn_id)
 
 
 def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str, Any]]]:
@@ -638,6 +643,7 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
         "agent_ref": estate.chat["id"],
         "task_id": estate.task_id,
         "session_id": estate.session_id,
+        "turn_id": estate.turn_id,
         "tool_name": "current_time",
     }
     base = "/api/orgs/{org}"
@@ -659,6 +665,7 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
         ),
         "list_tasks": ("GET", f"{base}/tasks", {}),
         "get_task": ("GET", f"{base}/tasks/{{task_id}}", {}),
+        "cancel_task": ("POST", f"{base}/tasks/{{task_id}}/cancel", {}),
         "create_session": ("POST", f"{base}/sessions", {"json": {"agentId": estate.chat["id"]}}),
         "get_session": ("GET", f"{base}/sessions/{{session_id}}", {}),
         "list_messages": ("GET", f"{base}/sessions/{{session_id}}/messages", {}),
@@ -668,6 +675,8 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
             {"json": {"message": "pwn"}},
         ),
         "end_session": ("POST", f"{base}/sessions/{{session_id}}/end", {}),
+        "get_turn": ("GET", f"{base}/sessions/{{session_id}}/turns/{{turn_id}}", {}),
+        "turn_events": ("GET", f"{base}/sessions/{{session_id}}/turns/{{turn_id}}/events", {}),
         "list_tools": ("GET", f"{base}/tools", {"params": {"agentId": estate.chat["id"]}}),
         "call_tool": (
             "POST",

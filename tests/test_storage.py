@@ -125,7 +125,12 @@ async def test_api_keys_are_hashed_resolve_to_their_principal_and_can_be_revoked
     assert row is not None and key.encode() not in bytes(row["key_hash"])  # never the key itself
     assert await store.principal_for_api_key(key + "x") is None
     assert await store.principal_for_api_key("Bearer nonsense") is None
-    await store.revoke_api_key(org, key_id)
+    revoked_at, changed = await store.revoke_api_key(org, key_id)
+    assert changed
     assert await store.principal_for_api_key(key) is None
+    # Idempotent: revoking again changes nothing and says when it was revoked.
+    assert await store.revoke_api_key(org, key_id) == (revoked_at, False)
     with pytest.raises(NotFoundError):
-        await store.revoke_api_key(org, key_id)
+        await store.revoke_api_key(org, uuid.uuid4())
+    with pytest.raises(NotFoundError):  # another organisation's key does not exist there
+        await store.revoke_api_key(f"{org}-other", key_id)

@@ -121,6 +121,10 @@ REFUSALS: dict[UseCase, tuple[str, Call]] = {
         "outsider",
         lambda r, w: r.resume_run(w.org, w.run_id, principal=w.outsider),
     ),
+    UseCase.TASKS_CANCEL: (
+        "member",  # not the person the run acts for, nor an admin
+        lambda r, w: r.cancel_run(w.org, w.run_id, principal=w.member),
+    ),
     UseCase.TASKS_LIST: ("outsider", lambda r, w: r.list_runs(w.org, principal=w.outsider)),
     UseCase.TASKS_GET: ("outsider", lambda r, w: r.get_run(w.org, w.run_id, principal=w.outsider)),
     UseCase.SESSIONS_OPEN: ("outsider", lambda r, w: r.open_session(w.org, w.helper, w.outsider)),
@@ -183,10 +187,11 @@ async def test_a_use_case_without_the_right_is_refused_and_audited(
         (use_case.label, "REFUSED", use_case.category.value, principal.id)
     ]
     assert rows[0]["reason"]
-    # Nothing changed: the agent, its proposal, the key.
+    # Nothing changed: the agent, its proposal, the key, the run.
     assert await runtime.store.get_agent(world.org, world.helper) == agent_before
     _, proposals = await runtime.list_proposals(world.org, world.helper)
     assert [p.status.value for p in proposals] == ["PENDING"]
+    assert (await runtime.store.run_status(world.org, world.run_id)).value == "RUNNING"
 
 
 async def test_allowed_writes_are_audited_with_their_category(
@@ -257,6 +262,7 @@ async def test_http_refusals_are_the_cores(
         (UseCase.SESSIONS_MESSAGE, "POST", f"/sessions/{world.session_id}/messages",
          {"message": "hi"}),
         (UseCase.SESSIONS_END, "POST", f"/sessions/{world.session_id}/end", None),
+        (UseCase.TASKS_CANCEL, "POST", f"/tasks/{world.run_id}/cancel", None),
         (UseCase.PROPOSALS_DECIDE, "POST", f"/proposals/{world.proposal_id}/decision",
          {"approve": True}),
     ]  # fmt: skip

@@ -103,6 +103,7 @@ class UseCase(Enum):
     AGENTS_UPDATE = ("agents.update", ActionType.LEARNING, Tier.ADMIN, True)
     TASKS_SUBMIT = ("tasks.submit", ActionType.GROUNDING, Tier.WRITE, True)
     TASKS_RESUME = ("tasks.resume", ActionType.GROUNDING, Tier.WRITE, True)
+    TASKS_CANCEL = ("tasks.cancel", ActionType.GROUNDING, Tier.WRITE, True)
     TASKS_LIST = ("tasks.list", ActionType.RETRIEVAL, Tier.READ, False)
     TASKS_GET = ("tasks.get", ActionType.RETRIEVAL, Tier.READ, False)
     SESSIONS_OPEN = ("sessions.open", ActionType.GROUNDING, Tier.WRITE, True)
@@ -132,7 +133,8 @@ class UseCaseRequest:
     Attributes:
         org_id: The organisation the call is addressed to.
         agent: The agent the call concerns, if any (memory search decides through it).
-        owner_id: The principal that owns the object (a session's caller), if any.
+        owner_id: The principal that owns the object (a session's caller, the person a
+            run acts for), if any.
         tool_category: The category of the tool a use case mirrors (``memory_search``),
             as the runtime's classifier gives it.
     """
@@ -161,6 +163,12 @@ def _authorize(
         and not principal.is_admin
     ):
         return AccessDecision(False, "this session belongs to another caller")
+    if (
+        use_case is UseCase.TASKS_CANCEL
+        and request.owner_id != principal.id
+        and not principal.is_admin
+    ):
+        return AccessDecision(False, "only the run's caller or an admin may cancel it")
     if use_case is UseCase.SESSIONS_MESSAGE and request.owner_id != principal.id:
         return AccessDecision(False, "only the session's own caller may talk in it")
     if use_case is UseCase.MEMORY_SEARCH and not principal.is_admin:

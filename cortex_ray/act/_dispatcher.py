@@ -54,6 +54,10 @@ class InvocationContext:
     run_id: UUID | None = None
     session_id: UUID | None = None
     step_index: int | None = None
+    idempotency_key: str | None = None
+    """The call's idempotency key when it is not the run step's (``f"{run_id}:{step_index}"``,
+    derived): a turn's round (``f"turn:{turn_id}:{round}"``) or a direct call's
+    ``Idempotency-Key``. ``None`` in a run: the step's key is used."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +162,7 @@ class ToolDispatcher:
             session_id=ctx.session_id,
             step_index=ctx.step_index,
             memory=self.memory,
+            call_key=ctx.idempotency_key,
         )
         with tracer.start_as_current_span(
             "cortex.act",
@@ -254,6 +259,7 @@ class ToolDispatcher:
             run_id=ctx.run_id,
             session_id=ctx.session_id,
             step_index=ctx.step_index,
+            call_key=ctx.idempotency_key,
         )
         return self._audit(
             ctx, tctx, action.tool, action.action_type, action.args, status, reason, 0.0

@@ -29,10 +29,21 @@ class ToolContext:
     step_index: int | None = None
     memory: MemoryService | None = None
     clock: Callable[[], datetime] = utcnow
+    call_key: str | None = None
+    """The key the caller gave this call (a turn's round, a direct call's
+    ``Idempotency-Key``); read :attr:`idempotency_key`, which falls back to the run step's."""
 
     @property
     def idempotency_key(self) -> str | None:
-        """(run id, step index): the key a side-effecting tool uses to never act twice."""
+        """The key a side-effecting tool uses to never act twice (docs/tools.md).
+
+        In a run ``f"{run_id}:{step_index}"``; in a turn ``f"turn:{turn_id}:{round}"``; for a
+        direct call the caller's ``Idempotency-Key`` (namespaced by caller, agent and tool);
+        ``None`` when the call has none (a direct call without the header). A retry of the
+        same step or round (after a crash, on resume) carries the same key.
+        """
+        if self.call_key is not None:
+            return self.call_key
         if self.run_id is None or self.step_index is None:
             return None
         return f"{self.run_id}:{self.step_index}"

@@ -1,5 +1,11 @@
 """Built-in tools: memory search (RETRIEVAL), remember a fact and propose a procedural edit
-(LEARNING), the clock and the reply to a person (GROUNDING; dialogue is a grounding action)."""
+(LEARNING), the clock and the reply to a person (GROUNDING; dialogue is a grounding action).
+
+The two that write are idempotent by the call's key (``ToolContext.idempotency_key``): a
+second call with the same key (a run step decided again after a crash, a retried turn round,
+a repeated direct call's ``Idempotency-Key``) returns what the first call wrote and writes
+nothing. Their rows carry the run, step and session that wrote them.
+"""
 
 from __future__ import annotations
 
@@ -46,15 +52,19 @@ async def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> list[dict[st
 
 
 async def _remember_fact(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    # Importance is never waited for here (the model rescores after the write, or the
+    # inline scoring is bounded by importance_timeout_s): the tool's timeout is the write's.
     record = await _memory(ctx).write(
         org_id=ctx.org_id,
         agent_id=ctx.agent.id,
         kind=MemoryKind.SEMANTIC,
         content=args["fact"],
         subject=" ".join(args["subject"].lower().split()),
-        run_id=None,
+        run_id=ctx.run_id,
         session_id=ctx.session_id,
+        step_index=ctx.step_index if ctx.run_id is not None else None,
         metadata={"source": "remember_fact", "principal": ctx.principal.id},
+        idempotency_key=ctx.idempotency_key,
     )
     return {"remembered": True, "id": str(record.id), "subject": record.subject}
 
@@ -70,6 +80,10 @@ async def _propose_procedural_edit(ctx: ToolContext, args: dict[str, Any]) -> di
         value=value,
         rationale=args.get("rationale", ""),
         proposed_by=ctx.principal,
+        idempotency_key=ctx.idempotency_key,
+        run_id=ctx.run_id,
+        step_index=ctx.step_index,
+        session_id=ctx.session_id,
     )
     return {
         "proposal_id": str(proposal.id),

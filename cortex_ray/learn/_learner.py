@@ -13,8 +13,9 @@ so no transaction waits on a model.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 
 from cortex_ray._tracing import tracer
@@ -31,11 +32,21 @@ from cortex_ray._types import (
     Step,
     TaskRun,
     Turn,
+    TurnEvent,
     utcnow,
 )
 from cortex_ray.memory import MemoryService
 from cortex_ray.models import ModelClient
-from cortex_ray.storage import AuditEntry, Database, Store
+from cortex_ray.storage import (
+    AuditEntry,
+    Conn,
+    Database,
+    RunLease,
+    Store,
+    TurnLease,
+    TurnStore,
+    fenced,
+)
 
 __all__ = ["Learner", "step_memory_text"]
 
@@ -70,8 +81,12 @@ class Learner:
         audit: AuditEntry,
         *,
         clear_intent: bool,
+        lease: RunLease | None = None,
     ) -> None:
-        """An acting step: ledger row + audit row + EPISODIC memory (+ the intent consumed)."""
+        """An acting step: ledger row + audit row + EPISODIC memory (+ the intent consumed).
+
+        With ``lease``, the transaction is fenced (``cortex_ray.storage.fenced``): written
+        only while the lease is the driver's, else ``LeaseLost`` and nothing written."""
         observation = step.observation
         assert observation is not None
         with tracer.start_as_current_span("cortex.learn"):
@@ -88,12 +103,24 @@ class Learner:
             # one round trip (nothing here reads a result back), then COMMIT: three round
             # trips instead of five. The pipeline ends (its errors raised) before COMMIT,
             # so a failed statement rolls all of them back, as before.
-            async with self._db.transaction() as conn, conn.pipeline():
+            async with self._step_transaction(lease, progress=True) as conn:
                 await self._store.insert_step(conn, run.org_id, step)
                 await self._store.insert_audit(conn, audit)
                 await self._memory.insert_prepared(conn, [prepared])
                 if clear_intent:
                     await self._store.clear_intent(conn, run.org_id, run.id, step.step_index)
+
+    @contextlib.asynccontextmanager
+    async def _step_transaction(
+        self, lease: RunLease | None, *, progress: bool
+    ) -> AsyncIterator[Conn]:
+        """A run's write: fenced by its lease, or (no lease) a plain pipelined one."""
+        if lease is not None:
+            async with fenced(self._db, lease, progress=progress) as conn:
+                yield conn
+            return
+        async with self._db.transaction() as conn, conn.pipeline():
+            yield conn
 
     async def record_result(
         self,
@@ -104,8 +131,10 @@ class Learner:
         result: str | None = None,
         reason: str | None = None,
         step: Step | None = None,
+        lease: RunLease | None = None,
     ) -> datetime:
-        """The terminal state and the run's EPISODIC result (and a last ledger row)."""
+        """The terminal state and the run's EPISODIC result (and a last ledger row); fenced
+        by ``lease`` like :meth:`record_step`."""
         outcome = result if status is RunStatus.COMPLETED else reason
         prepared = await self._memory.prepare(
             org_id=run.org_id,
@@ -117,7 +146,7 @@ class Learner:
             metadata={"run_status": status.value, "result": True},
         )
         # Pipelined like record_step's transaction.
-        async with self._db.transaction() as conn, conn.pipeline():
+        async with self._step_transaction(lease, progress=step is not None) as conn:
             if step is not None:
                 await self._store.insert_step(conn, run.org_id, step)
             finished_at = await self._store.finish_run(
@@ -137,8 +166,16 @@ class Learner:
         turns: Sequence[Turn],
         audits: Sequence[AuditEntry],
         observations: Sequence[Observation],
+        *,
+        lease: TurnLease | None = None,
+        reply: str | None = None,
+        refused: str | None = None,
+        events: Sequence[TurnEvent] = (),
     ) -> None:
-        """A turn: its messages, its audit rows and one EPISODIC memory."""
+        """A turn: its messages, its audit rows and one EPISODIC memory; with the turn's
+        ``lease``, in the same transaction its ``session_turns`` row becomes DONE with the
+        reply or refusal and the events it emitted (fenced: a driver whose lease was taken
+        over writes nothing and gets ``TurnLeaseLostError``)."""
         tools_used = ", ".join(f"{o.tool}:{o.status.value}" for o in observations) or "none"
         prepared = await self._memory.prepare(
             org_id=session.org_id,
@@ -150,7 +187,12 @@ class Learner:
             metadata={"turn": True, "caller": caller.id},
         )
         async with self._db.transaction() as conn:
-            await self._store.append_messages(conn, session.org_id, session.id, list(turns))
+            if lease is None:
+                await self._store.append_messages(conn, session.org_id, session.id, list(turns))
+            else:
+                await TurnStore(self._db).finish(
+                    conn, lease, turns=turns, reply=reply, refused=refused, events=events
+                )
             for audit in audits:
                 await self._store.insert_audit(conn, audit)
             await self._memory.write_prepared(conn, [prepared])

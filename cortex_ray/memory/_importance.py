@@ -1,16 +1,26 @@
-"""Importance ("poignancy") scoring of a memory at write time (Park et al. 2023)."""
+"""Importance ("poignancy") scoring of a memory (Park et al. 2023): at write time, or, for
+the model, after the write (``ImportanceRescorer``) so that no write waits on a model."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+from uuid import UUID
 
 from cortex_ray._exceptions import ModelError
 from cortex_ray._types import MemoryKind
 from cortex_ray.models import ChatMessage, ModelClient, structured_call
 
-__all__ = ["HeuristicImportanceScorer", "ImportanceScorer", "ModelImportanceScorer"]
+__all__ = [
+    "HeuristicImportanceScorer",
+    "ImportanceRescorer",
+    "ImportanceScorer",
+    "ModelImportanceScorer",
+]
 
 log = logging.getLogger("cortex_ray.memory")
 
@@ -104,26 +114,50 @@ class ModelImportanceScorer:
     """Asks the model for the memory's poignancy, as Generative Agents does.
 
     One structured call per memory, constrained to ``{"importance": 1..10}``. When the
-    model fails or still answers nonsense after ``retries`` retries, the ``fallback``
-    scorer answers instead (and a warning is logged), so writing a memory never fails
-    because of importance.
+    model fails, is slower than ``timeout_s`` or still answers nonsense after ``retries``
+    retries, the ``fallback`` scorer answers instead (and a warning is logged), so writing
+    a memory never fails because of importance.
+
+    With ``deferred`` (what ``importance_mode="background"`` builds), the memory service
+    does not wait for the model at all: it writes the memory with the fallback's score and
+    hands it to an :class:`ImportanceRescorer`, which asks the model afterwards and
+    updates that row's importance.
 
     Args:
         model: The chat model to ask.
         retries: Retries of a malformed answer (``Settings.structured_retries``).
-        fallback: The scorer used when the model cannot answer.
+        fallback: The scorer used when the model cannot answer (and, when deferred, the
+            score a memory is written with).
+        timeout_s: The longest one scoring waits for the model (``None``: no bound of its
+            own, only the model client's).
+        deferred: Score after the write, in the background (see above).
     """
 
-    def __init__(self, model: ModelClient, retries: int, fallback: ImportanceScorer) -> None:
+    def __init__(
+        self,
+        model: ModelClient,
+        retries: int,
+        fallback: ImportanceScorer,
+        *,
+        timeout_s: float | None = None,
+        deferred: bool = False,
+    ) -> None:
         self.model = model
         self.retries = retries
         self.fallback = fallback
+        self.timeout_s = timeout_s
+        self.deferred = deferred
 
-    async def score(self, kind: MemoryKind, content: str) -> float:
-        """Return the model's rating of ``content``, or the fallback's when it has none."""
+    async def rate(self, kind: MemoryKind, content: str) -> float:
+        """The model's rating of ``content``, in [1, 10].
+
+        Raises:
+            ModelError: The model failed or answered nonsense (``StructuredOutputError``).
+            TimeoutError: It took longer than ``timeout_s``.
+        """
         prompt = _PROMPT.format(kind=kind.value.lower(), content=content)
         messages = [ChatMessage(role="user", content=prompt)]
-        try:
+        async with asyncio.timeout(self.timeout_s):
             return await structured_call(
                 self.model,
                 messages,
@@ -134,6 +168,168 @@ class ModelImportanceScorer:
                 max_tokens=16,
                 temperature=0.0,
             )
+
+    async def score(self, kind: MemoryKind, content: str) -> float:
+        """Return the model's rating of ``content``, or the fallback's when it has none."""
+        try:
+            return await self.rate(kind, content)
         except ModelError as exc:  # StructuredOutputError included
             log.warning("importance: %s; using the heuristic score instead", exc)
-            return await self.fallback.score(kind, content)
+        except TimeoutError:
+            log.warning(
+                "importance: no answer within %gs; using the heuristic score instead",
+                self.timeout_s,
+            )
+        return await self.fallback.score(kind, content)
+
+
+ApplyImportance = Callable[[str, UUID, float], Awaitable[bool]]
+"""Sets one memory's importance: ``(org_id, memory_id, importance)``; False when the row is
+not there (yet: its writer's transaction has not committed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    org_id: str
+    memory_id: UUID
+    kind: MemoryKind
+    content: str
+
+
+class ImportanceRescorer:
+    """Asks the model for the importance of memories already written, in the background.
+
+    A memory is written at once with its fallback score; :meth:`submit` queues it, and one
+    of ``concurrency`` workers asks ``scorer.rate`` (bounded by the scorer's ``timeout_s``)
+    and ``apply``-s the answer to that row only. A full queue drops the job, and a failed or
+    slow rating keeps the fallback score: rescoring can only improve a score, never lose a
+    memory or hold up its writer. The row may not be visible yet when the answer comes (the
+    writer commits after it inserted), so ``apply`` is retried after each of
+    ``retry_delays_s`` before the job is given up.
+
+    Workers start with the first job, on its event loop. :meth:`aclose` stops them: the
+    jobs still queued are dropped (their memories keep the fallback score).
+
+    Args:
+        scorer: The model scorer (its ``rate`` raises when it cannot answer).
+        apply: Writes one row's importance.
+        concurrency: Ratings in flight at once.
+        queue_size: Jobs waiting at most; beyond it, new ones are dropped.
+        retry_delays_s: Waits before re-applying to a row not visible yet.
+    """
+
+    def __init__(
+        self,
+        scorer: ModelImportanceScorer,
+        apply: ApplyImportance,
+        *,
+        concurrency: int,
+        queue_size: int,
+        retry_delays_s: Sequence[float] = (0.05, 0.25, 1.0, 4.0),
+    ) -> None:
+        if concurrency < 1 or queue_size < 1:
+            raise ValueError("concurrency and queue_size must be at least 1")
+        self.scorer = scorer
+        self.apply = apply
+        self.concurrency = concurrency
+        self.queue_size = queue_size
+        self.retry_delays_s = tuple(retry_delays_s)
+        self.dropped = 0
+        self._queue: asyncio.Queue[_Job] | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._pending = 0
+
+    @property
+    def pending(self) -> int:
+        """Jobs queued or being rated."""
+        return self._pending
+
+    def submit(self, org_id: str, memory_id: UUID, kind: MemoryKind, content: str) -> bool:
+        """Queue a memory for rating; False (and the fallback score stays) when closed or
+        full. Must be called on a running event loop."""
+        if self._closed:
+            return False
+        queue = self._started()
+        try:
+            queue.put_nowait(_Job(org_id, memory_id, kind, content))
+        except asyncio.QueueFull:
+            self.dropped += 1
+            log.warning(
+                "importance: the rescoring queue is full (%d); memory %s keeps its fallback score",
+                self.queue_size,
+                memory_id,
+            )
+            return False
+        self._pending += 1
+        return True
+
+    async def drain(self) -> None:
+        """Wait until every queued job has ended (rated, given up or dropped)."""
+        if self._queue is not None and self._loop is asyncio.get_running_loop():
+            await self._queue.join()
+
+    async def aclose(self) -> None:
+        """Stop the workers; queued jobs are dropped, their memories keep the fallback."""
+        self._closed = True
+        workers, self._workers = self._workers, []
+        left = self.pending
+        for worker in workers:
+            worker.cancel()
+        if workers and self._loop is asyncio.get_running_loop():
+            await asyncio.gather(*workers, return_exceptions=True)
+        if left:
+            log.info("importance: %d rescoring job(s) dropped at close", left)
+        self._queue = None
+        self._pending = 0
+
+    def _started(self) -> asyncio.Queue[_Job]:
+        loop = asyncio.get_running_loop()
+        if self._queue is None or self._loop is not loop:
+            # First job, or a new event loop (the old one's workers went with it).
+            self._loop = loop
+            self._pending = 0
+            self._queue = asyncio.Queue(self.queue_size)
+            self._workers = [
+                loop.create_task(self._work(self._queue), name=f"importance-rescorer-{i}")
+                for i in range(self.concurrency)
+            ]
+        return self._queue
+
+    async def _work(self, queue: asyncio.Queue[_Job]) -> None:
+        while True:
+            job = await queue.get()
+            try:
+                await self._rescore(job)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a worker outlives any one job
+                log.warning("importance: rescoring memory %s failed", job.memory_id, exc_info=True)
+            finally:
+                self._pending -= 1
+                queue.task_done()
+
+    async def _rescore(self, job: _Job) -> None:
+        try:
+            rated = await self.scorer.rate(job.kind, job.content)
+        except ModelError as exc:
+            log.warning("importance: %s; memory %s keeps its fallback score", exc, job.memory_id)
+            return
+        except TimeoutError:
+            log.warning(
+                "importance: no answer within %gs; memory %s keeps its fallback score",
+                self.scorer.timeout_s,
+                job.memory_id,
+            )
+            return
+        importance = min(MAX_IMPORTANCE, max(MIN_IMPORTANCE, float(rated)))
+        for delay in (*self.retry_delays_s, None):
+            if await self.apply(job.org_id, job.memory_id, importance):
+                return
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+        log.debug(
+            "importance: memory %s is not there (rolled back?); rescoring dropped", job.memory_id
+        )

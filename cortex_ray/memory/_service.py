@@ -44,7 +44,19 @@ fact per subject (the greatest ``valid_from``), which gives the right answer the
 
 Model latency never holds a transaction open: :meth:`MemoryService.prepare` embeds and
 scores importance first, and :meth:`MemoryService.write_prepared` only inserts, inside the
-caller's transaction (the cycle writes its ledger row and memory rows atomically).
+caller's transaction (the cycle writes its ledger row and memory rows atomically). With
+``importance_mode="background"`` (the default) no write waits on the model at all: the
+memory is written with the heuristic score and rescored by the model after the write
+(``ImportanceRescorer``).
+
+Idempotent writes
+-----------------
+A write may carry an idempotency key (a tool passes its step's, ``ToolContext.idempotency_key``;
+unique per organisation). Inside the write's transaction the key is locked (an advisory
+lock, taken in the same global order as the subjects') and looked up first: when a row with
+that key exists, it is returned and nothing is written, so a retried fact never supersedes
+its own first write. The INSERT also says ``ON CONFLICT (org_id, idempotency_key) DO
+NOTHING`` on the partial unique index, so no writer can ever store a key twice.
 """
 
 from __future__ import annotations
@@ -92,6 +104,7 @@ from cortex_ray.memory._importance import (
     MAX_IMPORTANCE,
     MIN_IMPORTANCE,
     HeuristicImportanceScorer,
+    ImportanceRescorer,
     ImportanceScorer,
     ModelImportanceScorer,
 )
@@ -115,17 +128,21 @@ EMBEDDING_DIM = 384
 _INSERT_TEMPLATE = sql.SQL(
     """
     INSERT INTO memories (org_id, id, agent_id, kind, subject, content, embedding, importance,
-                          valid_from, run_id, session_id, step_index, metadata)
+                          valid_from, run_id, session_id, step_index, metadata, idempotency_key)
     VALUES (%(org_id)s, %(id)s, %(agent_id)s, %(kind)s, %(subject)s, %(content)s,
             %(embedding)s, %(importance)s, %(valid_from)s, %(run_id)s, %(session_id)s,
-            %(step_index)s, %(metadata)s)
+            %(step_index)s, %(metadata)s, %(idempotency_key)s)
+    ON CONFLICT (org_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     {returning}
     """
 )
 
 # One statement per fact: close the predecessor, bound the new row by its successor (if
 # it arrived out of order) and insert it. now() is the transaction's time, so the new row's
-# recorded_at and the predecessor's superseded_at are the same instant R.
+# recorded_at and the predecessor's superseded_at are the same instant R. A keyed write
+# reaches this statement only after finding no row with its key under the key's lock (the
+# UPDATE of a CTE runs even when the INSERT does nothing), so ON CONFLICT is the index's
+# guarantee, not the path a retry takes.
 _INSERT_SUPERSEDING_TEMPLATE = sql.SQL(
     """
     WITH pred AS (
@@ -148,11 +165,12 @@ _INSERT_SUPERSEDING_TEMPLATE = sql.SQL(
     )
     INSERT INTO memories (org_id, id, agent_id, kind, subject, content, embedding, importance,
                           valid_from, valid_to, superseded_at, superseded_by, run_id,
-                          session_id, step_index, metadata)
+                          session_id, step_index, metadata, idempotency_key)
     VALUES (%(org_id)s, %(id)s, %(agent_id)s, %(kind)s, %(subject)s, %(content)s,
             %(embedding)s, %(importance)s, %(valid_from)s,
             (SELECT valid_from FROM succ), (SELECT now() FROM succ), (SELECT id FROM succ),
-            %(run_id)s, %(session_id)s, %(step_index)s, %(metadata)s)
+            %(run_id)s, %(session_id)s, %(step_index)s, %(metadata)s, %(idempotency_key)s)
+    ON CONFLICT (org_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     {returning}
     """
 )
@@ -167,18 +185,31 @@ _INSERT_SUPERSEDING = _INSERT_SUPERSEDING_TEMPLATE.format(returning=_RETURNING).
 _INSERT_SUPERSEDING_QUIET = _INSERT_SUPERSEDING_TEMPLATE.format(returning=sql.SQL("")).as_bytes(
     None
 )
+_BY_KEY = (
+    sql.SQL("SELECT {cols} FROM memories WHERE org_id = %s AND idempotency_key = %s")
+    .format(cols=COLUMNS)
+    .as_bytes(None)
+)
 
 
 def importance_scorer_for(settings: Settings, model: ModelClient | None) -> ImportanceScorer:
     """The scorer the settings ask for: the model's, with the heuristic as its fallback.
 
     Returns the heuristic alone when no model is configured or
-    ``importance_scoring == "heuristic"``.
+    ``importance_scoring == "heuristic"``. The model's scorer waits at most
+    ``importance_timeout_s`` and, with ``importance_mode == "background"``, is deferred:
+    memories are written with the heuristic score and rescored after the write.
     """
     heuristic = HeuristicImportanceScorer()
     if model is None or settings.importance_scoring == "heuristic":
         return heuristic
-    return ModelImportanceScorer(model, settings.structured_retries, heuristic)
+    return ModelImportanceScorer(
+        model,
+        settings.structured_retries,
+        heuristic,
+        timeout_s=settings.importance_timeout_s,
+        deferred=settings.importance_mode == "background",
+    )
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: numpy arrays do not compare to one bool
@@ -191,6 +222,10 @@ class PreparedMemory:
 
     record: MemoryRecord
     embedding: NDArray[np.float32]
+    idempotency_key: str | None = None
+    """Written with the row; a row with this key already there is returned instead."""
+    rescore: bool = False
+    """Written with the fallback importance: the model rescores it after the write."""
 
 
 def _proposal(row: dict[str, Any]) -> ProceduralProposal:
@@ -223,7 +258,11 @@ class MemoryService:
         embedder: Embeds memories and queries; must produce 384-dimensional vectors.
         settings: Recall weights, ``recall_k``, ``recall_candidates``, recency decay and
             structured-output retries.
-        importance: Scores a memory's importance when the writer gives none.
+        importance: Scores a memory's importance when the writer gives none. A deferred
+            ``ModelImportanceScorer`` (``importance_mode="background"``) is not waited for:
+            the memory is written with its fallback's score and rescored in the background
+            (``importance_rescore_concurrency`` at once, ``importance_rescore_queue`` waiting);
+            :meth:`aclose` stops that.
 
     Raises:
         ConfigurationError: The embedder's dimension does not match the schema.
@@ -245,6 +284,34 @@ class MemoryService:
         self.embedder = embedder
         self.settings = settings
         self.importance = importance
+        self.rescorer: ImportanceRescorer | None = None
+        if isinstance(importance, ModelImportanceScorer) and importance.deferred:
+            self.rescorer = ImportanceRescorer(
+                importance,
+                self._set_importance,
+                concurrency=settings.importance_rescore_concurrency,
+                queue_size=settings.importance_rescore_queue,
+            )
+
+    async def aclose(self) -> None:
+        """Stop the background importance scoring (memories still waiting keep their
+        heuristic score). The database is its owner's to close."""
+        if self.rescorer is not None:
+            await self.rescorer.aclose()
+
+    async def rescored(self) -> None:
+        """Wait until the background importance scoring has nothing left to do."""
+        if self.rescorer is not None:
+            await self.rescorer.drain()
+
+    async def _set_importance(self, org_id: str, memory_id: UUID, importance: float) -> bool:
+        # Only that row's importance: a rescoring never touches content or time.
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                "UPDATE memories SET importance = %s WHERE org_id = %s AND id = %s",
+                (importance, org_id, memory_id),
+            )
+            return cur.rowcount == 1
 
     # writing ------------------------------------------------------------------------------
 
@@ -262,16 +329,22 @@ class MemoryService:
         session_id: UUID | None = None,
         step_index: int | None = None,
         metadata: Mapping[str, Any] | None = None,
-    ) -> MemoryRecord:
+    ) -> tuple[MemoryRecord, bool]:
+        """The record to write, and whether the model rescores it after the write."""
         if not content.strip():
             raise InvalidRequestError("a memory needs content")
+        rescore = False
         if importance is None:
-            scored = await self.importance.score(kind, content)
+            scorer = self.importance
+            if self.rescorer is not None and isinstance(scorer, ModelImportanceScorer):
+                # Never wait on the model here: the fallback now, the model after the write.
+                scorer, rescore = scorer.fallback, True
+            scored = await scorer.score(kind, content)
             # A third-party scorer may stray outside the scale the table enforces.
             importance = min(MAX_IMPORTANCE, max(MIN_IMPORTANCE, float(scored)))
         elif not MIN_IMPORTANCE <= importance <= MAX_IMPORTANCE:
             raise InvalidRequestError(f"importance must be between 1 and 10, got {importance}")
-        return MemoryRecord(
+        record = MemoryRecord(
             org_id=org_id,
             agent_id=agent_id,
             kind=kind,
@@ -284,6 +357,7 @@ class MemoryService:
             step_index=step_index,
             metadata=dict(metadata or {}),
         )
+        return record, rescore
 
     async def prepare(
         self,
@@ -299,6 +373,7 @@ class MemoryService:
         session_id: UUID | None = None,
         step_index: int | None = None,
         metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> PreparedMemory:
         """Embed a memory and score its importance, outside any transaction.
 
@@ -315,6 +390,8 @@ class MemoryService:
             session_id: The interactive session that produced it.
             step_index: The run step that produced it (with ``run_id``: written once).
             metadata: Free-form JSON-serialisable details.
+            idempotency_key: The writer's key (a tool's ``ToolContext.idempotency_key``):
+                a row with this key already written is returned instead of a new one.
 
         Raises:
             InvalidRequestError: Empty content or importance outside 1..10.
@@ -333,6 +410,7 @@ class MemoryService:
                     "session_id": session_id,
                     "step_index": step_index,
                     "metadata": metadata,
+                    "idempotency_key": idempotency_key,
                 }
             ]
         )
@@ -346,21 +424,33 @@ class MemoryService:
         """
         # Importance first and one at a time: model calls are sequential anyway, and the
         # order stays deterministic for scripted models.
-        records = [await self._record(**item) for item in items]
+        records = []
+        for item in items:
+            fields = dict(item)
+            key = fields.pop("idempotency_key", None)
+            record, rescore = await self._record(**fields)
+            records.append((record, key, rescore))
         if not records:
             return []
-        vectors = await self.embedder.embed([r.content for r in records])
+        vectors = await self.embedder.embed([r.content for r, _, _ in records])
         out = []
-        for record, vector in zip(records, vectors, strict=True):
+        for (record, key, rescore), vector in zip(records, vectors, strict=True):
             embedding = np.array(vector, dtype=np.float32)
             embedding.setflags(write=False)
-            out.append(PreparedMemory(record=record, embedding=embedding))
+            out.append(
+                PreparedMemory(
+                    record=record, embedding=embedding, idempotency_key=key, rescore=rescore
+                )
+            )
         return out
 
     async def write_prepared(
         self, conn: Conn, prepared: Sequence[PreparedMemory]
     ) -> list[MemoryRecord]:
         """Insert prepared memories inside the caller's transaction, superseding facts.
+
+        A memory with an idempotency key that an earlier write already stored is not
+        written again: the row stored then is returned in its place.
 
         Raises:
             psycopg.errors.UniqueViolation: A memory of this kind was already written for
@@ -383,14 +473,28 @@ class MemoryService:
         self, conn: Conn, prepared: Sequence[PreparedMemory], *, returning: bool
     ) -> list[MemoryRecord]:
         facts = [p.record for p in prepared if self._supersedes(p.record)]
-        # Lock every subject first, in one global order, so that two transactions writing
-        # overlapping sets of subjects cannot deadlock.
-        keys = sorted({f"memories:{r.org_id}:{r.agent_id}:{r.subject}" for r in facts})
-        for key in keys:
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
+        keyed = [p for p in prepared if p.idempotency_key is not None]
+        # Lock every subject and key first, in one global order, so that two transactions
+        # writing overlapping sets cannot deadlock.
+        locks = {f"memories:{r.org_id}:{r.agent_id}:{r.subject}" for r in facts}
+        locks.update(f"memories-key:{p.record.org_id}:{p.idempotency_key}" for p in keyed)
+        for lock in sorted(locks):
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
+        # Under the key's lock, a key written before (committed) is visible: return that row.
+        earlier: dict[tuple[str, str], MemoryRecord] = {}
+        for p in keyed:
+            assert p.idempotency_key is not None
+            found = await self._by_key(conn, p.record.org_id, p.idempotency_key)
+            if found is not None:
+                earlier[(p.record.org_id, p.idempotency_key)] = found
         written = []
         for p in prepared:
             r = p.record
+            key = p.idempotency_key
+            if key is not None and (r.org_id, key) in earlier:
+                if returning:
+                    written.append(earlier[(r.org_id, key)])
+                continue
             params = {
                 "org_id": r.org_id,
                 "id": r.id,
@@ -405,17 +509,32 @@ class MemoryService:
                 "session_id": r.session_id,
                 "step_index": r.step_index,
                 "metadata": Jsonb(r.metadata),
+                "idempotency_key": key,
             }
             if not returning:
                 query = _INSERT_SUPERSEDING_QUIET if self._supersedes(r) else _INSERT_QUIET
                 await conn.execute(query, params)
-                continue
-            query = _INSERT_SUPERSEDING if self._supersedes(r) else _INSERT
-            cur = await conn.execute(query, params)
-            row = await cur.fetchone()
-            assert row is not None  # INSERT ... RETURNING always returns its row
-            written.append(memory_from_row(row))
+            else:
+                query = _INSERT_SUPERSEDING if self._supersedes(r) else _INSERT
+                cur = await conn.execute(query, params)
+                row = await cur.fetchone()
+                if row is None:  # ON CONFLICT: a writer that bypassed the key's lock won
+                    assert key is not None
+                    found = await self._by_key(conn, r.org_id, key)
+                    assert found is not None
+                    written.append(found)
+                    continue
+                written.append(memory_from_row(row))
+            if p.rescore and self.rescorer is not None:
+                # Queued now, applied once the row is visible (after the caller commits).
+                self.rescorer.submit(r.org_id, r.id, r.kind, r.content)
         return written
+
+    @staticmethod
+    async def _by_key(conn: Conn, org_id: str, key: str) -> MemoryRecord | None:
+        cur = await conn.execute(_BY_KEY, (org_id, key))
+        row = await cur.fetchone()
+        return None if row is None else memory_from_row(row)
 
     @staticmethod
     def _supersedes(record: MemoryRecord) -> bool:
@@ -435,15 +554,24 @@ class MemoryService:
         session_id: UUID | None = None,
         step_index: int | None = None,
         metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> MemoryRecord:
         """Prepare and write one memory in its own transaction.
 
-        Takes :meth:`prepare`'s arguments.
+        Takes :meth:`prepare`'s arguments. With an ``idempotency_key`` that a write already
+        stored, returns that write's row and writes nothing (also when two such writes run
+        at once: the key is locked in the transaction).
 
         Raises:
             InvalidRequestError: Empty content or importance outside 1..10.
             psycopg.errors.UniqueViolation: The run step's memory of this kind exists.
         """
+        if idempotency_key is not None:
+            # A retry finds its row without embedding or scoring anything.
+            async with self.db.connection() as conn:
+                found = await self._by_key(conn, org_id, idempotency_key)
+            if found is not None:
+                return found
         prepared = await self.prepare(
             org_id=org_id,
             agent_id=agent_id,
@@ -456,6 +584,7 @@ class MemoryService:
             session_id=session_id,
             step_index=step_index,
             metadata=metadata,
+            idempotency_key=idempotency_key,
         )
         async with self.db.transaction() as conn:
             (record,) = await self.write_prepared(conn, [prepared])
@@ -674,11 +803,17 @@ class MemoryService:
         value: str | Sequence[str],
         rationale: str,
         proposed_by: Principal,
+        idempotency_key: str | None = None,
+        run_id: UUID | None = None,
+        step_index: int | None = None,
+        session_id: UUID | None = None,
     ) -> ProceduralProposal:
         """Store a PENDING edit of an agent's persona or skills, for a person to decide.
 
         This is the only way procedural memory changes from inside the agent: nothing
-        takes effect until :meth:`decide_proposal` approves it.
+        takes effect until :meth:`decide_proposal` approves it. With an
+        ``idempotency_key`` already stored, the proposal stored then is returned (as it
+        is now) and nothing is written, also when two such calls run at once.
 
         Args:
             org_id: The organisation.
@@ -687,6 +822,10 @@ class MemoryService:
             value: The new persona, or the new full list of skills.
             rationale: Why, in the proposer's words.
             proposed_by: Who proposes (the agent's own principal, typically).
+            idempotency_key: The proposing tool's key (``ToolContext.idempotency_key``).
+            run_id: The run that proposes it.
+            step_index: The run step that proposes it.
+            session_id: The session that proposes it.
 
         Raises:
             AccessDeniedError: The proposer belongs to another organisation.
@@ -708,16 +847,41 @@ class MemoryService:
             raise InvalidRequestError(f"procedural edits change persona or skills, not {field!r}")
         try:
             async with self.db.transaction() as conn:
+                # A concurrent twin waits here for the first to commit, then does nothing;
+                # either way the key's row is read back.
                 cur = await conn.execute(
                     """
                     INSERT INTO procedural_proposals (org_id, id, agent_id, field, value,
-                                                      rationale, status, proposed_by)
-                    VALUES (%s, %s, %s, %s, %s, %s, 'PENDING', %s)
+                                                      rationale, status, proposed_by,
+                                                      idempotency_key, run_id, step_index,
+                                                      session_id)
+                    VALUES (%s, %s, %s, %s, %s, %s, 'PENDING', %s, %s, %s, %s, %s)
+                    ON CONFLICT (org_id, idempotency_key) WHERE idempotency_key IS NOT NULL
+                    DO NOTHING
                     RETURNING *
                     """,
-                    (org_id, uuid4(), agent_id, field, Jsonb(stored), rationale, proposed_by.id),
+                    (
+                        org_id,
+                        uuid4(),
+                        agent_id,
+                        field,
+                        Jsonb(stored),
+                        rationale,
+                        proposed_by.id,
+                        idempotency_key,
+                        run_id,
+                        step_index,
+                        session_id,
+                    ),
                 )
                 row = await cur.fetchone()
+                if row is None:
+                    cur = await conn.execute(
+                        "SELECT * FROM procedural_proposals "
+                        "WHERE org_id = %s AND idempotency_key = %s",
+                        (org_id, idempotency_key),
+                    )
+                    row = await cur.fetchone()
         except psycopg.errors.ForeignKeyViolation as exc:
             raise NotFoundError(f"agent {agent_id} not found in organisation {org_id!r}") from exc
         assert row is not None

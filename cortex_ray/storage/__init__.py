@@ -8,14 +8,48 @@ from cortex_ray.storage._database import (
     schema_head,
     shipped_head,
 )
+from cortex_ray.storage._leases import (
+    LeaseHolder,
+    OrphanedRun,
+    RunLease,
+    RunLeases,
+    exhausted_reason,
+    fenced,
+)
 from cortex_ray.storage._stores import AuditEntry, Store
+from cortex_ray.storage._turns import (
+    SessionMessage,
+    StoredTurnEvent,
+    TurnClaim,
+    TurnLease,
+    TurnLeaseLostError,
+    TurnRecord,
+    TurnRef,
+    TurnStatus,
+    TurnStore,
+)
 
 __all__ = [
     "AuditEntry",
     "Conn",
     "Database",
     "EmbeddedPostgres",
+    "LeaseHolder",
+    "OrphanedRun",
+    "RunLease",
+    "RunLeases",
+    "SessionMessage",
     "Store",
+    "StoredTurnEvent",
+    "TurnClaim",
+    "TurnLease",
+    "TurnLeaseLostError",
+    "TurnRecord",
+    "TurnRef",
+    "TurnStatus",
+    "TurnStore",
+    "exhausted_reason",
+    "fenced",
     "migrate",
     "schema_head",
     "shipped_head",

@@ -411,6 +411,31 @@ class Store:
         async with self.db.transaction() as conn:
             await self.finish_run(conn, org_id, run_id, RunStatus.FAILED, reason=reason)
 
+    async def cancel_run(
+        self, org_id: str, run_id: UUID, reason: str, *, audit: AuditEntry | None = None
+    ) -> bool:
+        """Stop a RUNNING run: FAILED with ``reason``, its step intents removed, and with
+        ``audit`` the row that audits it, in one transaction. ``False`` (and nothing
+        written) when the run is not RUNNING; its driver stops at its next step commit,
+        whose fenced write finds the run no longer RUNNING."""
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                "SELECT status FROM task_runs WHERE org_id = %s AND id = %s FOR UPDATE",
+                (org_id, run_id),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise NotFoundError(f"task run {run_id} not found in organisation {org_id!r}")
+            if row["status"] != RunStatus.RUNNING.value:
+                return False
+            await self.finish_run(conn, org_id, run_id, RunStatus.FAILED, reason=reason)
+            await conn.execute(
+                "DELETE FROM step_intents WHERE org_id = %s AND run_id = %s", (org_id, run_id)
+            )
+            if audit is not None:
+                await self.insert_audit(conn, audit)
+        return True
+
     async def running_runs(self, org_id: str | None = None, limit: int = 1000) -> list[TaskRun]:
         """RUNNING runs, oldest first, in one organisation or all (a supervisor's start-up
         scan: each may need resuming). Without their ledgers."""
@@ -474,14 +499,21 @@ class Store:
         result: str | None = None,
         reason: str | None = None,
     ) -> datetime:
-        """Move a RUNNING run to its terminal state; returns the time it finished."""
+        """Move a RUNNING run to its terminal state; returns the time it finished.
+
+        The lease goes with it, and so do the run's step intents: nobody resumes an ended
+        run (no statement reads a result back, so both pipeline with the caller's)."""
         finished_at = utcnow()
         await conn.execute(
             """
-            UPDATE task_runs SET status = %s, result = %s, reason = %s, finished_at = %s
+            UPDATE task_runs SET status = %s, result = %s, reason = %s, finished_at = %s,
+                lease_owner = NULL, lease_expires_at = NULL
             WHERE org_id = %s AND id = %s AND status = 'RUNNING'
             """,
             (status.value, result, reason, finished_at, org_id, run_id),
+        )
+        await conn.execute(
+            "DELETE FROM step_intents WHERE org_id = %s AND run_id = %s", (org_id, run_id)
         )
         return finished_at
 
@@ -623,32 +655,54 @@ class Store:
             row = await cur.fetchone()
         return None if row is None else _principal(row)
 
-    async def revoke_api_key(self, org_id: str, key_id: UUID) -> None:
+    async def revoke_api_key(self, org_id: str, key_id: UUID) -> tuple[datetime, bool]:
+        """Revoke a key: when it was revoked, and whether this call did it (``False``: it
+        already was, and nothing changed)."""
         async with self.db.transaction() as conn:
             cur = await conn.execute(
                 "UPDATE api_keys SET revoked_at = now() "
-                "WHERE org_id = %s AND id = %s AND revoked_at IS NULL",
+                "WHERE org_id = %s AND id = %s AND revoked_at IS NULL RETURNING revoked_at",
                 (org_id, key_id),
             )
-            if cur.rowcount == 0:
-                raise NotFoundError(f"no active API key {key_id} in organisation {org_id!r}")
+            row = await cur.fetchone()
+            if row is not None:
+                return row["revoked_at"], True
+            cur = await conn.execute(
+                "SELECT revoked_at FROM api_keys WHERE org_id = %s AND id = %s",
+                (org_id, key_id),
+            )
+            row = await cur.fetchone()
+        if row is None or row["revoked_at"] is None:
+            raise NotFoundError(f"no API key {key_id} in organisation {org_id!r}")
+        return row["revoked_at"], False
 
     # step intents (crash-resume) ----------------------------------------------------------
 
     async def insert_intent(
-        self, org_id: str, run_id: UUID, step_index: int, action: AgentAction
+        self,
+        org_id: str,
+        run_id: UUID,
+        step_index: int,
+        action: AgentAction,
+        *,
+        conn: Conn | None = None,
     ) -> None:
-        """Record, in its own transaction, that a side-effecting step is about to act."""
-        async with self.db.transaction() as conn:
-            await conn.execute(
-                """
-                INSERT INTO step_intents (org_id, run_id, step_index, action)
-                VALUES (%s, %s, %s, %s)
-                ON CONFLICT (org_id, run_id, step_index) DO UPDATE SET action = EXCLUDED.action,
-                    started_at = now()
-                """,
-                (org_id, run_id, step_index, Jsonb(action.model_dump(mode="json"))),
-            )
+        """Record that a side-effecting step is about to act: in its own transaction, or
+        in ``conn``'s (the driver's fenced one, so a driver that lost its lease leaves no
+        intent behind)."""
+        if conn is None:
+            async with self.db.transaction() as own:
+                await self.insert_intent(org_id, run_id, step_index, action, conn=own)
+            return
+        await conn.execute(
+            """
+            INSERT INTO step_intents (org_id, run_id, step_index, action)
+            VALUES (%s, %s, %s, %s)
+            ON CONFLICT (org_id, run_id, step_index) DO UPDATE SET action = EXCLUDED.action,
+                started_at = now()
+            """,
+            (org_id, run_id, step_index, Jsonb(action.model_dump(mode="json"))),
+        )
 
     @staticmethod
     async def take_intent(

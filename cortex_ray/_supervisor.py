@@ -1,0 +1,112 @@
+"""The supervisor: every interrupted run is resumed, with nobody polling it.
+
+A run is driven by whoever holds its lease (``cortex_ray.storage.RunLeases``). When the
+process driving it stops (Ctrl-C, SIGTERM, SIGKILL, a lost node), the run stays RUNNING in
+PostgreSQL and its lease is released (a clean stop) or expires (a crash). The supervisor
+looks for such runs when it starts and every ``RunPolicy.supervise_interval_s`` after, and
+hands each to its executor, which drives it from its ledger. A run taken
+``RunPolicy.max_attempts`` times without recording a step is ended FAILED with the reason
+instead.
+
+The HTTP API starts one in its lifespan (``serve.create_app``), so ``python -m serve``,
+``serve:app_builder`` and the demo all resume interrupted runs on start-up. Several
+supervisors (replicas, processes) may sweep at once: the lease makes a double start
+harmless, and the executors already ignore a run they are driving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from cortex_ray._executor import Executor
+from cortex_ray._runtime import Runtime
+from cortex_ray._settings import RunPolicy
+from cortex_ray.storage import exhausted_reason
+
+__all__ = ["RunSupervisor"]
+
+log = logging.getLogger("cortex_ray.supervisor")
+
+
+class RunSupervisor:
+    """Resumes RUNNING runs that nobody drives, through ``executor``.
+
+    Args:
+        runtime: Finds the orphaned runs (``Runtime.orphaned_runs``) and gives up on those
+            out of attempts.
+        executor: Drives each orphan (``Executor.start_run``).
+        policy: The sweep's interval and the attempt limit (default: ``runtime.settings.runs``).
+    """
+
+    def __init__(
+        self, runtime: Runtime, executor: Executor, policy: RunPolicy | None = None
+    ) -> None:
+        self.runtime = runtime
+        self.executor = executor
+        self.policy = policy or runtime.settings.runs
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Sweep now and then every ``supervise_interval_s``, in the background (start-up is
+        not held up by the first sweep)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(), name="run supervisor")
+
+    async def aclose(self) -> None:
+        """Stop sweeping (a sweep under way is cancelled; what it started goes on)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def sweep(self) -> int:
+        """One pass: hand every orphaned run to the executor (or end it FAILED when out of
+        attempts); returns how many runs were handed over."""
+        started = 0
+        for orphan in await self.runtime.orphaned_runs():
+            if orphan.attempts >= self.policy.max_attempts:
+                reason = exhausted_reason(orphan.attempts)
+                if await self.runtime.give_up_run(orphan.org_id, orphan.run_id, reason):
+                    log.warning("run %s FAILED: %s", orphan.run_id, reason)
+                continue
+            try:
+                await self.executor.start_run(orphan.org_id, orphan.run_id)
+            except Exception as exc:  # the executor away for now: the next sweep tries again
+                log.warning("run %s: could not be resumed now: %s", orphan.run_id, exc)
+                continue
+            log.info(
+                "run %s (org %s): nobody was driving it; resumed (attempt %d)",
+                orphan.run_id, orphan.org_id, orphan.attempts + 1,
+            )  # fmt: skip
+            started += 1
+        await self.sweep_turns()
+        return started
+
+    async def sweep_turns(self) -> int:
+        """Hand every orphaned turn (accepted, not ended, nobody holding its lease) to the
+        executor, which drives it again (or ends it FAILED once out of attempts); returns
+        how many were handed over."""
+        recovered = 0
+        for orphan in await self.runtime.orphaned_turns():
+            try:
+                await self.executor.recover_turn(orphan.org_id, orphan.session_id, orphan.turn_id)
+            except Exception as exc:  # the executor away for now: the next sweep tries again
+                log.warning("turn %s: could not be recovered now: %s", orphan.turn_id, exc)
+                continue
+            log.info(
+                "turn %s (session %s, org %s): nobody was driving it; recovered",
+                orphan.turn_id, orphan.session_id, orphan.org_id,
+            )  # fmt: skip
+            recovered += 1
+        return recovered
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except Exception as exc:  # the database away for a moment: the next sweep
+                log.warning("the run supervisor's sweep failed: %s", exc)
+            await asyncio.sleep(self.policy.supervise_interval_s)
