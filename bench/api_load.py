@@ -43,7 +43,17 @@ import ray
 from _scratch import scratch_data_dir
 from ray import serve as ray_serve
 
-from cortex_ray import AgentMode, Grant, Principal, RunStatus, Runtime, Settings
+from cortex_ray import (
+    AgentMode,
+    Grant,
+    Principal,
+    RunStatus,
+    Runtime,
+    Settings,
+    reclaim_signals,
+    run_main,
+    run_stoppable,
+)
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient
 from serve import ApiOptions, build_api
@@ -211,6 +221,7 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> int:
         ray.init(
             num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="cortex-ray-bench"
         )
+        reclaim_signals()  # ray.init replaced SIGTERM's handler
         ray_serve.start(http_options={"host": "127.0.0.1", "port": args.port})
         options = ApiOptions(port=args.port, max_ongoing_requests=max(100, 4 * clients))
         factory = functools.partial(open_runtime, replica_settings)
@@ -372,8 +383,8 @@ def main() -> int:
         parser.error("--steps >= 2, --clients >= 1, --tasks >= 1, --sequential >= 5")
 
     with scratch_data_dir(args.data_dir) as data_dir:
-        return asyncio.run(bench(args, data_dir))
+        return run_stoppable(bench(args, data_dir))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -45,7 +45,6 @@ capture and the phase breakdown wrap attributes of this process's runtime object
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import cProfile
 import gc
@@ -77,7 +76,7 @@ from pgvector.psycopg import register_vector_async
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from cortex_ray import AgentMode, RunStatus, Runtime, Settings, Step
+from cortex_ray import AgentMode, RunStatus, Runtime, Settings, Step, run_main, run_stoppable
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient
 
@@ -753,8 +752,8 @@ def main() -> int:
         parser.error("--steps must be >= 2 (acts, then a finish) and --runs >= 1")
 
     with scratch_data_dir(args.data_dir) as data_dir:
-        return asyncio.run(bench(args, data_dir))
+        return run_stoppable(bench(args, data_dir))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -47,6 +47,7 @@ from _texts import synthetic_texts
 from ray import serve as ray_serve
 from sentence_transformers import SentenceTransformer
 
+from cortex_ray import reclaim_signals, run_main, run_stoppable
 from cortex_ray.models import packaged_minilm_path
 from serve.models import (
     EMBEDDER_NAME,
@@ -172,6 +173,7 @@ def main() -> None:
     niceness = os.environ.get("RAY_worker_niceness", "15 (Ray's default)")  # noqa: SIM112
 
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    reclaim_signals()  # ray.init replaced SIGTERM's handler
     port = free_port()
     ray_serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
@@ -182,8 +184,8 @@ def main() -> None:
         batched = ray_serve.get_deployment_handle(EMBEDDER_NAME, app_name="emb-batched")
         unbatched = ray_serve.get_deployment_handle(EMBEDDER_NAME, app_name="emb-unbatched")
         model = SentenceTransformer(str(packaged_minilm_path()), device="cpu")
-        rates = asyncio.run(part1(args, model, batched, f"http://127.0.0.1:{port}/b/v1"))
-        calls = asyncio.run(part2(args, batched, unbatched))
+        rates = run_stoppable(part1(args, model, batched, f"http://127.0.0.1:{port}/b/v1"))
+        calls = run_stoppable(part2(args, batched, unbatched))
     finally:
         ray_serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
@@ -219,4 +221,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -11,11 +11,11 @@ the repository and run anywhere.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,19 +25,20 @@ import numpy as np
 import torch
 from _texts import synthetic_texts
 
+from cortex_ray import run_main, run_stoppable
 from cortex_ray.models.embeddings import SentenceTransformerEmbedder
 
 
 def throughput(
     embedder: SentenceTransformerEmbedder, batch: list[str], rounds: int
 ) -> tuple[float, np.ndarray]:
-    out = asyncio.run(embedder.embed(batch[:64]))  # warm-up (kernels, allocator)
+    out = run_stoppable(embedder.embed(batch[:64]))  # warm-up (kernels, allocator)
     timings = []
     for _ in range(rounds):
         if embedder.device.startswith("cuda"):
             torch.cuda.synchronize()
         start = time.perf_counter()
-        out = asyncio.run(embedder.embed(batch))
+        out = run_stoppable(embedder.embed(batch))
         if embedder.device.startswith("cuda"):
             torch.cuda.synchronize()
         timings.append(time.perf_counter() - start)
@@ -79,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

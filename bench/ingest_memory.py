@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._scratch import scratch_data_dir
+from cortex_ray import run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20
@@ -309,4 +310,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 
 from bench._scratch import scratch_data_dir
+from cortex_ray import reclaim_signals, run_main
 from cortex_ray.knowledge import (
     SplitPassage,
     detect_format,
@@ -217,6 +218,7 @@ def ours(dsn: str, root: Path, cpus: int) -> tuple[float, float, int, int]:
     # machine that alone starves the workers, so start them at the baseline's priority.
     os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112 (Ray reads this exact name)
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    reclaim_signals()  # ray.init replaced SIGTERM's handler
     startup = time.perf_counter() - t0
     try:
         report = run_ingest(
@@ -306,4 +308,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -19,7 +19,6 @@ Run: ``.venv/bin/python bench/llm_serving.py [--prompts 12] [--max-tokens 96]``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import platform
 import socket
@@ -33,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray
 from ray import serve as ray_serve
 
+from cortex_ray import reclaim_signals, run_main, run_stoppable
 from cortex_ray.models import ChatMessage, ChatRequest, ModelClient
 from cortex_ray.models.llama_cpp import LlamaCppClient
 from cortex_ray.models.openai_compatible import OpenAICompatibleClient
@@ -113,6 +113,7 @@ def main() -> None:
     prompts = [TOPICS[i % len(TOPICS)] for i in range(args.prompts)]
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    reclaim_signals()  # ray.init replaced SIGTERM's handler
     port = free_port()
     ray_serve.start(http_options={"host": "127.0.0.1", "port": port})
     no_cpu = DeploymentOptions(ray_actor_options={"num_cpus": 0})
@@ -135,7 +136,7 @@ def main() -> None:
             ),
             "http": OpenAICompatibleClient(f"http://127.0.0.1:{port}/llm/v1", MODEL),
         }
-        results = asyncio.run(measure(clients, prompts, args.max_tokens))
+        results = run_stoppable(measure(clients, prompts, args.max_tokens))
     finally:
         ray_serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
@@ -155,4 +156,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 from _scratch import scratch_data_dir
 
-from cortex_ray import Settings
+from cortex_ray import Settings, run_main, run_stoppable
 from cortex_ray.knowledge import (
     BM25_B,
     BM25_K1,
@@ -267,8 +267,8 @@ def main() -> None:
     )
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--database-url", default=None)
-    asyncio.run(run(parser.parse_args()))
+    run_stoppable(run(parser.parse_args()))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -11,7 +11,6 @@ is ``2 · bm25_candidates`` at k = 10 and ``max(200, 2 · bm25_candidates)`` at 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import random
 import statistics
 import sys
@@ -23,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 from search_latency import paragraphs
 
-from cortex_ray import Settings
+from cortex_ray import Settings, run_main, run_stoppable
 from cortex_ray.knowledge import KnowledgeService, RetrievalConfig, query_terms, tokenize
 from cortex_ray.models import HashEmbedder
 from cortex_ray.storage import Database
@@ -91,8 +90,8 @@ def main() -> None:
     parser.add_argument("--text", type=Path, action="append", required=True)
     parser.add_argument("--queries", type=int, default=150)
     parser.add_argument("--grid", default="3000:100,6000:100,8000:100,10000:100,20000:100")
-    asyncio.run(measure(parser.parse_args()))
+    run_stoppable(measure(parser.parse_args()))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 from _scratch import scratch_data_dir
 
-from cortex_ray import Settings
+from cortex_ray import Settings, run_main, run_stoppable
 from cortex_ray.knowledge import (
     KnowledgeService,
     KnowledgeWriter,
@@ -350,8 +350,8 @@ def main() -> None:
         "(build it if absent); skips the incremental publish",
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    asyncio.run(measure(parser.parse_args()))
+    run_stoppable(measure(parser.parse_args()))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -14,7 +14,6 @@ Run from the repository root: ``.venv/bin/python bench/served_sessions.py --sess
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import sys
@@ -35,7 +34,7 @@ from _scratch import scratch_data_dir  # noqa: E402
 from ray import serve as ray_serve  # noqa: E402
 
 from actors import SessionManager, SessionPolicy  # noqa: E402
-from cortex_ray import Grant, Principal, Runtime, Settings  # noqa: E402
+from cortex_ray import Grant, Principal, Runtime, Settings, reclaim_signals, run_main, run_stoppable  # noqa: E402
 from cortex_ray.models import HashEmbedder  # noqa: E402
 from serve.models import run_local, served_settings, serving_config_for  # noqa: E402
 
@@ -99,6 +98,7 @@ async def measure(mode: str, settings: Settings, k: int) -> dict[str, Any]:
 
 async def main(args: argparse.Namespace) -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    reclaim_signals()  # ray.init replaced SIGTERM's handler
     with scratch_data_dir(args.data_dir) as data_dir:
         settings = Settings(data_dir=data_dir, model_max_tokens=32, pool_max_size=2)
         db_runtime = await Runtime.open(settings, model=None, embedder=HashEmbedder(384))
@@ -134,4 +134,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=4)
     parser.add_argument("--data-dir", type=Path, default=None)
-    asyncio.run(main(parser.parse_args()))
+    args = parser.parse_args()
+    sys.exit(run_main(lambda: run_stoppable(main(args))))

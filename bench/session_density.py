@@ -41,7 +41,7 @@ import ray  # noqa: E402
 from _scratch import scratch_data_dir  # noqa: E402
 
 from actors import DIRECTORY_NAME, SessionManager, SessionPolicy  # noqa: E402
-from cortex_ray import Grant, Principal, Runtime, Settings  # noqa: E402
+from cortex_ray import Grant, Principal, Runtime, Settings, reclaim_signals, run_main, run_stoppable  # noqa: E402
 from cortex_ray.memory import EMBEDDING_DIM, HeuristicImportanceScorer  # noqa: E402
 from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient  # noqa: E402
 from cortex_ray.storage import Database  # noqa: E402
@@ -173,6 +173,7 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> None:
 
     t0 = time.monotonic()
     ray.init(num_cpus=2, include_dashboard=False, namespace="bench", log_to_driver=False)
+    reclaim_signals()  # ray.init replaced SIGTERM's handler
     print(f"ray.init {time.monotonic() - t0:.1f} s; ray {ray.__version__}, {os.cpu_count()} CPUs")
     try:
         # 1. memory per live session --------------------------------------------------------
@@ -346,8 +347,8 @@ def main() -> None:
     parser.add_argument("--database-url", default=None, help="use this PostgreSQL instead")
     args = parser.parse_args()
     with scratch_data_dir(args.data_dir) as data_dir:
-        asyncio.run(bench(args, data_dir))
+        run_stoppable(bench(args, data_dir))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

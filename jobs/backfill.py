@@ -19,7 +19,7 @@ import numpy as np
 import typer
 from numpy.typing import NDArray
 
-from cortex_ray import CortexError, load_settings
+from cortex_ray import CortexError, Interrupted, load_settings, reclaim_signals, stop_on_signals
 from cortex_ray.knowledge import KnowledgeWriter
 from cortex_ray.storage import migrate
 from jobs.ingest import _resolve_dsn, _shown_default, job_default, job_options
@@ -126,10 +126,13 @@ def main(
             embedded.stop()
         raise typer.Exit(2) from None
     started = time.perf_counter()
+    started_ray = False
     try:
         migrate(dsn)
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
+            started_ray = True
+            reclaim_signals()  # ray.init replaced SIGTERM's handler
         n = backfill(
             org,
             collection,
@@ -141,7 +144,13 @@ def main(
     except CortexError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    except Interrupted as exc:
+        # Vectors written so far stay (each batch commits); a rerun embeds the rest.
+        typer.echo(f"interrupted by {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
     finally:
+        if started_ray:
+            ray.shutdown()
         if embedded is not None:
             embedded.stop()
     seconds = round(time.perf_counter() - started, 3)
@@ -149,4 +158,5 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    with stop_on_signals():  # SIGINT and SIGTERM unwind to main's clean-up
+        typer.run(main)

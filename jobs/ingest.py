@@ -32,7 +32,16 @@ import typer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import ValidationError
 
-from cortex_ray import CortexError, IngestJobOptions, InvalidRequestError, Settings, load_settings
+from cortex_ray import (
+    CortexError,
+    IngestJobOptions,
+    Interrupted,
+    InvalidRequestError,
+    Settings,
+    load_settings,
+    reclaim_signals,
+    stop_on_signals,
+)
 from cortex_ray.knowledge import (
     DEFAULT_MAX_LINE_BYTES,
     DEFAULT_MAX_PASSAGE_BYTES,
@@ -423,11 +432,14 @@ def main(
     except CortexError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    started_ray = False
     try:
         if dsn:
             migrate(dsn)
         if not ray.is_initialized():
             ray.init(address=address, num_cpus=job.num_cpus, log_to_driver=False)
+            started_ray = True
+            reclaim_signals()  # ray.init replaced SIGTERM's handler
         with _Reporter(progress) as reporter:
             report = run_ingest(
                 org,
@@ -446,7 +458,13 @@ def main(
     except CortexError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    except Interrupted as exc:
+        # The generation in progress stays unpublished: the previous one keeps serving.
+        typer.echo(f"interrupted by {exc}: nothing was published", err=True)
+        raise typer.Exit(exc.exit_code) from None
     finally:
+        if started_ray:
+            ray.shutdown()
         if embedded is not None:
             embedded.stop()
     sys.stdout.write(report.to_json() + "\n")
@@ -454,4 +472,5 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    with stop_on_signals():  # SIGINT and SIGTERM unwind to main's clean-up
+        typer.run(main)

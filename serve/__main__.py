@@ -2,8 +2,13 @@
 
 Connects to a running Ray (``RAY_ADDRESS``) or starts a local one, deploys the model-serving
 app (the models the settings would load in-process, at ``/models/v1``) and the API with
-``run_local(serve_models=True)`` and, on the way out, deletes both (and stops what it
-started). ``--in-process-models`` keeps the models in the API replica instead.
+``run_local(serve_models=True)``. ``--in-process-models`` keeps the models in the API replica
+instead.
+
+SIGINT or SIGTERM (also SIGINT when the process started with it ignored, as a background job
+does) stops it: both apps are deleted (the replicas close their runtimes), the embedded
+PostgreSQL it started is stopped, and a Ray it started is shut down; then it exits 0. A
+second signal exits at once (130 or 143). See docs/operations.md, "Stopping".
 
 Runs and conversations are driven by session actors (one per run or session) unless
 ``CORTEX_SESSIONS__EXECUTOR=in_process`` asks for the replica's own asyncio tasks.
@@ -12,21 +17,14 @@ Runs and conversations are driven by session actors (one per run or session) unl
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
-from types import FrameType
-
-import ray
+import sys
 
 from cortex_ray import ApiOptions, load_settings
 from serve import run_local
+from serve._lifecycle import Interrupted, ray_driver
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m serve",
         description="Serve the cortex-ray HTTP API on Ray Serve. Settings come from CORTEX_* "
@@ -45,29 +43,20 @@ def main(argv: list[str] | None = None) -> None:
     settings = load_settings()  # a bad value names its CORTEX_ variable
     options = ApiOptions.model_validate({**settings.api.model_dump(), **overrides})
     settings = settings.model_copy(update={"api": options})
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init()  # RAY_ADDRESS, or a local Ray
-    # After ray.init: Ray's core worker installs a SIGTERM handler that logs and kills the
-    # process; ours replaces it so that the apps are deleted and the embedded PostgreSQL
-    # stopped. A background job inherits SIGINT ignored; a service manager sends SIGTERM.
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        api = run_local(settings, serve_models=not args.in_process_models)
-        print(f"cortex-ray API on {api.url} (docs: {api.url}/docs); Ctrl-C stops it", flush=True)
-        if api.models is not None:
-            print(f"models (OpenAI-compatible) on {api.models.openai_base_url}", flush=True)
-        try:
-            threading.Event().wait()
-        finally:
-            api.stop()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if started_ray:
-            ray.shutdown()
+        with ray_driver() as driver:  # RAY_ADDRESS, or a local Ray
+            api = run_local(settings, serve_models=not args.in_process_models)
+            driver.callback(api.stop)
+            print(
+                f"cortex-ray API on {api.url} (docs: {api.url}/docs); Ctrl-C stops it", flush=True
+            )
+            if api.models is not None:
+                print(f"models (OpenAI-compatible) on {api.models.openai_base_url}", flush=True)
+            driver.wait()
+    except Interrupted:
+        pass  # a server's normal way to stop: exit 0 once everything is cleaned up
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

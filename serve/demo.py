@@ -7,13 +7,20 @@ Starts the embedded PostgreSQL, a local Ray, the model-serving app (SmolLM2 and 
 at 127.0.0.1:8000/models/v1) and the HTTP API on Ray Serve (127.0.0.1:8000, runs driven by
 session actors that reach the models through deployment handles), creates an organisation,
 an admin API key and an autonomous agent, submits a task over HTTP, follows it to its
-terminal state, prints the step log, and prints the curl commands that do the same.
+terminal state, prints the step log, and prints the commands that do the same or look at
+this task again (with its id).
+
+Exit codes: 0 the task COMPLETED; 3 it ended FAILED (as ``cortex-ray run``); 1 it reached no
+terminal state, or the stack did not start; 130 or 143 interrupted by SIGINT or SIGTERM before
+the task ended. With ``--keep-running`` it then serves until SIGINT or SIGTERM (also SIGINT
+ignored at start, as in a background job) and exits with the task's code once the apps are
+deleted, the embedded PostgreSQL is stopped and its Ray is shut down; a second signal exits at
+once. See docs/operations.md, "Stopping".
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shlex
@@ -22,13 +29,19 @@ import time
 from typing import Any
 
 import httpx2 as httpx
-import ray
-from ray import serve as ray_serve
 
-from cortex_ray import AgentMode, NotFoundError, Runtime, Settings, load_settings
+from cortex_ray import (
+    AgentMode,
+    NotFoundError,
+    Runtime,
+    Settings,
+    load_settings,
+    run_stoppable,
+)
 from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import HashEmbedder
 from serve._deployment import run_local
+from serve._lifecycle import Interrupted, ray_driver
 
 ORG = "demo"
 AGENT = "demo-agent"
@@ -37,6 +50,10 @@ GOAL = (
     "Find out the current date and time, remember it as a fact, and finish with a "
     "one-sentence answer."
 )
+
+EXIT_COMPLETED = 0
+EXIT_ERROR = 1
+EXIT_FAILED = 3
 
 
 def _say(text: str) -> None:
@@ -86,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("goal", nargs="?", default=GOAL)
     parser.add_argument("--max-steps", type=int, default=6)
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--keep-running", action="store_true", help="serve until Ctrl-C")
+    parser.add_argument("--keep-running", action="store_true", help="serve until Ctrl-C or SIGTERM")
     parser.add_argument(
         "--in-process-models",
         action="store_true",
@@ -100,58 +117,75 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings()
     _say("==> starting a local Ray, the embedded PostgreSQL and the API on Ray Serve…")
     started = time.perf_counter()
-    # The stack reserves 1.5 logical CPUs (API 0.5, embedder 0.5, LLM 0.5; actors none):
-    # a 1-core machine still gets 2 so that it starts, and simply runs slower.
-    ray.init(num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
-    api = run_local(
-        settings,
-        options=settings.api.model_copy(update={"port": args.port}),
-        serve_models=not args.in_process_models,
-    )
+    outcome: int | None = None  # the task's exit code, once it has ended
     try:
-        stack_settings = settings.model_copy(update={"database_url": _dsn(api, settings)})
-        key, agent_id = asyncio.run(_prepare(stack_settings))
-        _say(f"==> API ready at {api.url} in {time.perf_counter() - started:.1f} s")
-        if api.models is not None:
-            _say(
-                f"==> models served once for every session actor: {api.models.openai_base_url}"
-                f" (chat: {api.settings.model_backend if api.settings else '?'}, embeddings: "
-                f"{api.settings.embedding_backend if api.settings else '?'})"
+        # The stack reserves 1.5 logical CPUs (API 0.5, embedder 0.5, LLM 0.5; actors none):
+        # a 1-core machine still gets 2 so that it starts, and simply runs slower.
+        with ray_driver(
+            num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False
+        ) as driver:
+            api = run_local(
+                settings,
+                options=settings.api.model_copy(update={"port": args.port}),
+                serve_models=not args.in_process_models,
             )
-        headers = {"Authorization": f"Bearer {key}"}
-        body = {
-            "name": "demo",
-            "agentId": agent_id,
-            "assigneeKind": "AGENT",
-            "payload": {"goal": args.goal, "maxSteps": args.max_steps},
-        }
-        with httpx.Client(base_url=api.url, headers=headers, timeout=120) as client:
-            created = client.post(f"/api/orgs/{ORG}/tasks", json=body)
-            created.raise_for_status()
-            task_id = created.json()["id"]
-            _say(f"==> task {task_id} accepted ({created.status_code}); following it…")
-            run: dict[str, Any] = {}
-            deadline = time.monotonic() + 900
-            while time.monotonic() < deadline:
-                run = client.get(f"/api/orgs/{ORG}/tasks/{task_id}", params={"wait": 20}).json()
-                _say(f"    {run['status']}: {len(run.get('steps', []))} steps")
-                if run["status"] != "RUNNING":
-                    break
-        _print_run(run)
-        _print_curl(api.url, key, agent_id, args.goal)
-        if args.keep_running:
-            _say("==> serving until Ctrl-C")
-            while True:
-                time.sleep(3600)
-        # The job did its work whether the agent met its goal or not; a run that never
-        # reached a terminal state is the job's failure.
-        return 0 if run.get("status") in ("COMPLETED", "FAILED") else 1
-    except KeyboardInterrupt:
+            driver.callback(api.stop)  # the apps, then the embedded PostgreSQL
+            stack_settings = settings.model_copy(update={"database_url": _dsn(api, settings)})
+            key, agent_id = run_stoppable(_prepare(stack_settings), guard=driver.guard)
+            _say(f"==> API ready at {api.url} in {time.perf_counter() - started:.1f} s")
+            if api.models is not None:
+                _say(
+                    f"==> models served once for every session actor: "
+                    f"{api.models.openai_base_url} (chat: "
+                    f"{api.settings.model_backend if api.settings else '?'}, embeddings: "
+                    f"{api.settings.embedding_backend if api.settings else '?'})"
+                )
+            task_id, run = _follow_task(api.url, key, agent_id, args.goal, args.max_steps)
+            _print_run(run)
+            _print_commands(api.url, key, agent_id, args.goal, task_id)
+            outcome = _exit_code(run)
+            if args.keep_running:
+                _say("==> serving until Ctrl-C or SIGTERM")
+                driver.wait()
+            return outcome
+    except Interrupted as exc:
+        _say(f"==> {exc}: stopped")
+        return exc.exit_code if outcome is None else outcome
+    except KeyboardInterrupt:  # before the handlers were installed
         return 130
-    finally:
-        api.stop()
-        ray_serve.shutdown()  # type: ignore[no-untyped-call]
-        ray.shutdown()
+
+
+def _follow_task(
+    url: str, key: str, agent_id: str, goal: str, max_steps: int
+) -> tuple[str, dict[str, Any]]:
+    """Submit the task over HTTP and long-poll it to a terminal state (or 15 minutes)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {
+        "name": "demo",
+        "agentId": agent_id,
+        "assigneeKind": "AGENT",
+        "payload": {"goal": goal, "maxSteps": max_steps},
+    }
+    with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
+        created = client.post(f"/api/orgs/{ORG}/tasks", json=body)
+        created.raise_for_status()
+        task_id = str(created.json()["id"])
+        _say(f"==> task {task_id} accepted ({created.status_code}); following it…")
+        run: dict[str, Any] = {}
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            run = client.get(f"/api/orgs/{ORG}/tasks/{task_id}", params={"wait": 20}).json()
+            _say(f"    {run['status']}: {len(run.get('steps', []))} steps")
+            if run["status"] != "RUNNING":
+                break
+    return task_id, run
+
+
+def _exit_code(run: dict[str, Any]) -> int:
+    """0 COMPLETED, 3 FAILED (the agent did not meet its goal), 1 no terminal state."""
+    return {"COMPLETED": EXIT_COMPLETED, "FAILED": EXIT_FAILED}.get(
+        str(run.get("status")), EXIT_ERROR
+    )
 
 
 def _dsn(api: Any, settings: Settings) -> str:
@@ -161,18 +195,22 @@ def _dsn(api: Any, settings: Settings) -> str:
     return str(api.embedded.dsn)
 
 
-def _print_curl(url: str, key: str, agent_id: str, goal: str) -> None:
+def _print_commands(url: str, key: str, agent_id: str, goal: str, task_id: str) -> None:
+    """The same over HTTP, and this task again (over HTTP and with the CLI), by its real id."""
     body = json.dumps(
         {"name": "again", "agentId": agent_id, "assigneeKind": "AGENT",
          "payload": {"goal": goal, "maxSteps": 4}}
     )  # fmt: skip
     auth = shlex.quote(f"Authorization: Bearer {key}")
+    task_url = shlex.quote(f"{url}/api/orgs/{ORG}/tasks/{task_id}?wait=30")
     print(
         "\nThe same over HTTP (while the API runs, e.g. with --keep-running):\n"
         f"  curl -s -X POST {url}/api/orgs/{ORG}/tasks -H {auth} "
         f"-H 'Content-Type: application/json' -d {shlex.quote(body)}\n"
-        f"  curl -s {url}/api/orgs/{ORG}/tasks/<task-id>?wait=30 -H {auth}\n"
-        f"  curl -s {url}/api/orgs/{ORG}/agents -H {auth}"
+        f"  curl -s {task_url} -H {auth}\n"
+        f"  curl -s {url}/api/orgs/{ORG}/agents -H {auth}\n"
+        "This task's step log from the command line (same CORTEX_* settings):\n"
+        f"  cortex-ray --org {ORG} runs show {task_id}"
     )
 
 

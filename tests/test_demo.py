@@ -36,7 +36,9 @@ def test_the_main_job_runs_a_task_through_the_api_on_ray_serve() -> None:
             [sys.executable, "-m", "serve.demo", "--max-steps", "2", "--port", "8017"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
+        # The task ended FAILED (no model): the demo says so with exit code 3, as
+        # ``cortex-ray run`` does.
+        assert done.returncode == 3, done.stderr[-3000:]
         assert "API ready at http://127.0.0.1:8017" in done.stderr
         assert (
             "models served once for every session actor: http://127.0.0.1:8017/models/v1 "
@@ -47,5 +49,10 @@ def test_the_main_job_runs_a_task_through_the_api_on_ray_serve() -> None:
         assert "reason: no model configured" in done.stdout
         assert "curl -s -X POST http://127.0.0.1:8017/api/orgs/demo/tasks" in done.stdout
         assert "Authorization: Bearer crx_" in done.stdout
+        # The follow-up commands name this task by its id.
+        task_id = re.search(r"task ([0-9a-f-]{36}) accepted", done.stderr)
+        assert task_id is not None
+        assert f"http://127.0.0.1:8017/api/orgs/demo/tasks/{task_id[1]}?wait=30" in done.stdout
+        assert f"cortex-ray --org demo runs show {task_id[1]}" in done.stdout
     finally:
         shutil.rmtree(data, ignore_errors=True)

