@@ -13,7 +13,7 @@ from uuid import UUID
 
 from cortex_ray._exceptions import ModelError
 from cortex_ray._types import MemoryKind
-from cortex_ray.models import ChatMessage, ModelClient, structured_call
+from cortex_ray.models import BACKGROUND_PRIORITY, ChatMessage, ModelClient, structured_call
 
 __all__ = [
     "HeuristicImportanceScorer",
@@ -148,8 +148,9 @@ class ModelImportanceScorer:
         self.timeout_s = timeout_s
         self.deferred = deferred
 
-    async def rate(self, kind: MemoryKind, content: str) -> float:
-        """The model's rating of ``content``, in [1, 10].
+    async def rate(self, kind: MemoryKind, content: str, *, priority: int = 0) -> float:
+        """The model's rating of ``content``, in [1, 10]; ``priority`` as
+        ``ChatRequest.priority`` (the background rescoring asks with BACKGROUND_PRIORITY).
 
         Raises:
             ModelError: The model failed or answered nonsense (``StructuredOutputError``).
@@ -167,6 +168,7 @@ class ModelImportanceScorer:
                 retries=self.retries,
                 max_tokens=16,
                 temperature=0.0,
+                priority=priority,
             )
 
     async def score(self, kind: MemoryKind, content: str) -> float:
@@ -312,7 +314,8 @@ class ImportanceRescorer:
 
     async def _rescore(self, job: _Job) -> None:
         try:
-            rated = await self.scorer.rate(job.kind, job.content)
+            # Behind what runs and people wait for, in a model server's line.
+            rated = await self.scorer.rate(job.kind, job.content, priority=BACKGROUND_PRIORITY)
         except ModelError as exc:
             log.warning("importance: %s; memory %s keeps its fallback score", exc, job.memory_id)
             return

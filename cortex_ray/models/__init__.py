@@ -18,6 +18,7 @@ from cortex_ray.models._guard import (
     set_allow_model_requests,
 )
 from cortex_ray.models._protocol import (
+    BACKGROUND_PRIORITY,
     ChatMessage,
     ChatRequest,
     ChatResponse,
@@ -36,6 +37,7 @@ from cortex_ray.models.reranking import Reranker, RerankHit
 from cortex_ray.models.scripted import ScriptedModelClient
 
 __all__ = [
+    "BACKGROUND_PRIORITY",
     "ENTRY_POINT_GROUP",
     "BackendOpener",
     "ChatMessage",

@@ -46,6 +46,10 @@ class ChatMessage(BaseModel):
         return out
 
 
+BACKGROUND_PRIORITY = 10
+"""``ChatRequest.priority`` of work nobody waits for (it yields to priority 0)."""
+
+
 class ChatRequest(BaseModel):
     """One chat-completions call. ``tools`` are OpenAI function definitions."""
 
@@ -57,6 +61,12 @@ class ChatRequest(BaseModel):
     schema_name: str = "output"
     temperature: float | None = None
     max_tokens: int | None = None
+    priority: int = 0
+    """Order in a model server's line: lower first, then arrival (vLLM's convention).
+    Background work (importance rescoring) asks with ``BACKGROUND_PRIORITY`` so that what
+    a run or a person waits for goes first. Sent only to cortex-ray's own deployments
+    (through a handle): OpenAI's API has no such parameter, and vLLM refuses one unless it
+    runs with ``--scheduling-policy priority``."""
 
     def to_openai(
         self,

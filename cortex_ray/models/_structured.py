@@ -39,6 +39,7 @@ async def structured_call(
     retries: int,
     max_tokens: int | None = None,
     temperature: float | None = None,
+    priority: int = 0,
 ) -> T:
     """Ask for JSON matching ``schema`` and return ``validate(parsed)``.
 
@@ -67,6 +68,7 @@ async def structured_call(
             schema_name=schema_name,
             max_tokens=max_tokens,
             temperature=temperature,
+            priority=priority,
         )
         response = await client.chat(request)
         last = response.content

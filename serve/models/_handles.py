@@ -117,6 +117,8 @@ class HandleModelClient:
             default_temperature=self._temperature,
             default_max_tokens=self._max_tokens,
         )
+        if request.priority:  # our own deployment's line honours it (to_openai leaves it out)
+            body["priority"] = request.priority
         try:
             return ChatCompletionRequest.model_validate(json.loads(json.dumps(body)))
         except ValueError as exc:

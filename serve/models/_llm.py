@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import json
 import logging
 import threading
@@ -196,6 +198,7 @@ def to_core_request(req: ChatCompletionRequest, default_max_tokens: int) -> Prep
             schema_name=name,
             temperature=req.temperature,
             max_tokens=max_tokens,
+            priority=req.priority,
         )
     )
 
@@ -242,11 +245,52 @@ def _overloaded(model: str, reason: str) -> Failure:
     )
 
 
+class ModelLine:
+    """One model, taken by one request at a time: waiters in order of (priority, arrival).
+
+    An ``asyncio.Lock`` (what the line was) serves in arrival order only, so background
+    importance rescorings queued before a run's next proposal made that run wait behind
+    them. A waiter that goes away (cancelled, timed out) is skipped; one that was handed the
+    model just as it went away hands it on."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+
+    def locked(self) -> bool:
+        return self._busy
+
+    async def acquire(self, priority: int = 0) -> None:
+        if not self._busy and not self._waiters:
+            self._busy = True
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (priority, next(self._arrivals), waiter))
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._hand_on()  # it was ours as we left: the next one's now
+            raise
+
+    def release(self) -> None:
+        self._hand_on()
+
+    def _hand_on(self) -> None:
+        while self._waiters:
+            _, _, waiter = heapq.heappop(self._waiters)
+            if not waiter.done():  # a cancelled waiter left its entry behind
+                waiter.set_result(None)
+                return  # still busy: the model is the waiter's now
+        self._busy = False
+
+
 class LlamaCppServer:
     """A GGUF chat model (the packaged SmolLM2 by default) through the core's
     ``LlamaCppClient``; llama.cpp runs one generation at a time per replica.
 
-    Requests wait for the model in arrival order (an ``asyncio.Lock`` is FIFO), at most
+    Requests wait for the model in order of ``priority``, then arrival (:class:`ModelLine`), at most
     ``config.max_waiting`` of them and each at most ``config.queue_timeout_s``; beyond
     either the request is answered 503 ``model_overloaded`` (a ``Failure``) without running.
     A caller that goes away while its request waits takes it out of the line; one that goes
@@ -269,7 +313,7 @@ class LlamaCppServer:
             default_temperature=self._config.default_temperature,
             default_max_tokens=self._config.default_max_tokens,
         )
-        self._model_free = asyncio.Lock()
+        self._model_free = ModelLine()
         self._in_flight = 0  # generating (0 or 1) + waiting
         self._served: Counter[str] = Counter()  # by kind: a schema's name, "tools" or "text"
         self._refused: Counter[str] = Counter()
@@ -294,9 +338,10 @@ class LlamaCppServer:
             "longest_wait_s": round(self._longest_wait_s, 3),
         }
 
-    async def _admit(self, kind: str) -> Failure | None:
-        """Take the model (waiting in line), or say why not; ``_leave`` gives it back.
-        ``kind`` labels the counters (the request's schema name, "tools" or "text")."""
+    async def _admit(self, kind: str, priority: int = 0) -> Failure | None:
+        """Take the model (waiting in line by ``priority``), or say why not; ``_leave``
+        gives it back. ``kind`` labels the counters (the request's schema name, "tools" or
+        "text")."""
         cfg = self._config
         if self._in_flight >= 1 + cfg.max_waiting:
             self._refused[kind] += 1
@@ -305,7 +350,7 @@ class LlamaCppServer:
         started = time.monotonic()
         try:
             # wait_for returns the lock when it was taken just as the time ran out
-            await asyncio.wait_for(self._model_free.acquire(), cfg.queue_timeout_s)
+            await asyncio.wait_for(self._model_free.acquire(priority), cfg.queue_timeout_s)
         except TimeoutError:
             self._in_flight -= 1
             self._refused[kind] += 1
@@ -354,7 +399,7 @@ class LlamaCppServer:
 
     async def _complete(self, prepared: PreparedChat) -> ChatResponse | Failure:
         kind = _kind(prepared.request)
-        if (refused := await self._admit(kind)) is not None:
+        if (refused := await self._admit(kind, prepared.request.priority)) is not None:
             return refused
         work = asyncio.ensure_future(self._client.chat(prepared.request))
         work.add_done_callback(lambda _: self._leave(kind))
@@ -445,7 +490,7 @@ class LlamaCppServer:
         handed over piece by piece; closing this generator stops the generation at the next
         token. A refusal (over capacity) is the one item."""
         kind = _kind(core)
-        if (refused := await self._admit(kind)) is not None:
+        if (refused := await self._admit(kind, core.priority)) is not None:
             yield refused, None
             return
         loop = asyncio.get_running_loop()

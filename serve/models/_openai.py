@@ -221,6 +221,9 @@ class ChatCompletionRequest(_Body):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logprobs: bool | None = None
     user: StrictStr | None = None
+    # vLLM's extension: lower is served first (then arrival); cortex-ray's llama.cpp line
+    # honours it, and its background importance rescoring asks with a higher number.
+    priority: int = Field(default=0, ge=-1000, le=1000)
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

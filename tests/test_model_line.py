@@ -1,0 +1,150 @@
+"""The llama.cpp replica's line for its model: what a run or a person waits for goes before
+background work (importance rescoring), then arrival order; a waiter that leaves is
+skipped, and one handed the model as it left hands it on."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from uuid import uuid4
+
+import pytest
+
+from cortex_ray import MemoryKind
+from cortex_ray.memory._importance import (
+    HeuristicImportanceScorer,
+    ImportanceRescorer,
+    ModelImportanceScorer,
+)
+from cortex_ray.models import (
+    BACKGROUND_PRIORITY,
+    ChatRequest,
+    ChatResponse,
+    Usage,
+)
+from serve.models._llm import LlamaCppServer, ModelLine
+from serve.models._openai import ChatCompletionRequest
+
+
+async def _take(line: ModelLine, priority: int, name: str, order: list[str]) -> None:
+    await line.acquire(priority)
+    order.append(name)
+    await asyncio.sleep(0)
+    line.release()
+
+
+async def test_lower_priority_numbers_go_first_then_arrival() -> None:
+    line = ModelLine()
+    await line.acquire()  # the model is busy
+    order: list[str] = []
+    waiters = []
+    for name, priority in (("bg1", 10), ("bg2", 10), ("fg1", 0), ("fg2", 0)):
+        waiters.append(asyncio.create_task(_take(line, priority, name, order)))
+        await asyncio.sleep(0)  # arrive in this order
+    line.release()
+    await asyncio.gather(*waiters)
+    assert order == ["fg1", "fg2", "bg1", "bg2"]
+    assert not line.locked()
+
+
+async def test_a_waiter_that_left_is_skipped() -> None:
+    line = ModelLine()
+    await line.acquire()
+    order: list[str] = []
+    gone = asyncio.create_task(_take(line, 0, "gone", order))
+    stays = asyncio.create_task(_take(line, 5, "stays", order))
+    await asyncio.sleep(0)
+    gone.cancel()
+    await asyncio.gather(gone, return_exceptions=True)
+    line.release()
+    await stays
+    assert order == ["stays"]
+    assert not line.locked()
+
+
+async def test_a_waiter_handed_the_model_as_it_left_hands_it_on() -> None:
+    line = ModelLine()
+    await line.acquire()
+    order: list[str] = []
+    leaving = asyncio.create_task(_take(line, 0, "leaving", order))
+    await asyncio.sleep(0)
+    nxt = asyncio.create_task(_take(line, 1, "next", order))
+    await asyncio.sleep(0)
+    line.release()  # hands the model to "leaving"…
+    leaving.cancel()  # …which is cancelled before it could run
+    await asyncio.gather(leaving, return_exceptions=True)
+    await asyncio.wait_for(nxt, 5)
+    assert order == ["next"]
+    assert not line.locked()
+
+
+class _Recording:
+    """A model client that records each request and answers an importance of 7."""
+
+    name = "recording"
+    supports_json_schema = True
+
+    def __init__(self) -> None:
+        self.requests: list[ChatRequest] = []
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        self.requests.append(request)
+        return ChatResponse(content='{"importance": 7}', usage=Usage(), finish_reason="stop")
+
+
+async def test_background_rescoring_asks_with_the_background_priority() -> None:
+    model = _Recording()
+    scorer = ModelImportanceScorer(
+        model, retries=0, fallback=HeuristicImportanceScorer(), deferred=True
+    )
+    applied: list[float] = []
+
+    async def apply(org_id: str, memory_id: Any, importance: float) -> bool:
+        applied.append(importance)
+        return True
+
+    rescorer = ImportanceRescorer(scorer, apply, concurrency=1, queue_size=4)
+    assert rescorer.submit("org", uuid4(), MemoryKind.SEMANTIC, "the office opens at 9")
+    await rescorer.drain()
+    await rescorer.aclose()
+    assert applied == [7.0]
+    assert [r.priority for r in model.requests] == [BACKGROUND_PRIORITY]
+    # A scoring someone waits for (inline) keeps priority 0.
+    await scorer.rate(MemoryKind.SEMANTIC, "x")
+    assert model.requests[-1].priority == 0
+
+
+def _body(content: str, priority: int) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 4,
+            "temperature": 0.0,
+            "priority": priority,
+        }
+    )
+
+
+@pytest.mark.timeout(120)
+async def test_the_real_replica_serves_a_foreground_call_before_queued_background_ones() -> None:
+    """The packaged SmolLM2 through the replica class: with the model busy, two background
+    calls then one foreground call arrive; the foreground one is answered first."""
+    server = LlamaCppServer()
+    done: list[str] = []
+
+    async def call(name: str, priority: int) -> None:
+        result = await server.chat(_body(f"Say {name}.", priority))
+        assert isinstance(result, dict), result
+        done.append(name)
+
+    await server._model_free.acquire()  # a generation in progress
+    calls = []
+    for name, priority in (("bg1", BACKGROUND_PRIORITY), ("bg2", BACKGROUND_PRIORITY), ("fg", 0)):
+        calls.append(asyncio.create_task(call(name, priority)))
+        await asyncio.sleep(0.05)
+    assert (await server.load())["in_flight"] == 3  # all three wait: the model is taken
+    server._model_free.release()
+    await asyncio.gather(*calls)
+    assert done[0] == "fg"
+    assert sorted(done) == ["bg1", "bg2", "fg"]
