@@ -5,12 +5,12 @@ skipped, and one handed the model as it left hands it on."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 from uuid import uuid4
 
 import pytest
 
-from cortex_ray import MemoryKind
+from cortex_ray import MemoryKind, ModelError
 from cortex_ray.memory._importance import (
     HeuristicImportanceScorer,
     ImportanceRescorer,
@@ -18,12 +18,14 @@ from cortex_ray.memory._importance import (
 )
 from cortex_ray.models import (
     BACKGROUND_PRIORITY,
+    ChatMessage,
     ChatRequest,
     ChatResponse,
     Usage,
 )
+from serve.models._handles import HandleModelClient
 from serve.models._llm import LlamaCppServer, ModelLine
-from serve.models._openai import ChatCompletionRequest
+from serve.models._openai import ChatCompletionRequest, Failure
 
 
 async def _take(line: ModelLine, priority: int, name: str, order: list[str]) -> None:
@@ -148,3 +150,56 @@ async def test_the_real_replica_serves_a_foreground_call_before_queued_backgroun
     await asyncio.gather(*calls)
     assert done[0] == "fg"
     assert sorted(done) == ["bg1", "bg2", "fg"]
+
+
+class _Overloaded:
+    """A chat backend whose line is full ``times`` times, then answers."""
+
+    def __init__(self, times: int, code: str = "model_overloaded") -> None:
+        self.times = times
+        self.code = code
+        self.calls = 0
+
+    async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | Failure:
+        self.calls += 1
+        if self.calls <= self.times:
+            return Failure(503, "over capacity", type="server_error", code=self.code)
+        return {
+            "choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+        }
+
+
+def _client(backend: _Overloaded) -> HandleModelClient:
+    client = HandleModelClient(cast(Any, None), "m", overload_backoff_s=0.01)
+    client._backend = cast(Any, backend)
+    return client
+
+
+def _ask(priority: int = 0) -> ChatRequest:
+    return ChatRequest(messages=(ChatMessage(role="user", content="hi"),), priority=priority)
+
+
+async def test_a_full_line_is_tried_again_through_a_handle() -> None:
+    backend = _Overloaded(times=2)
+    response = await _client(backend).chat(_ask())
+    assert response.content == "ok"
+    assert backend.calls == 3
+
+
+async def test_retries_end_and_other_failures_are_not_retried() -> None:
+    full = _Overloaded(times=10)
+    with pytest.raises(ModelError, match="over capacity"):
+        await _client(full).chat(_ask())
+    assert full.calls == 4  # the call and 3 retries
+    other = _Overloaded(times=1, code="invalid_value")
+    with pytest.raises(ModelError):
+        await _client(other).chat(_ask())
+    assert other.calls == 1
+
+
+async def test_background_work_is_not_retried() -> None:
+    backend = _Overloaded(times=1)
+    with pytest.raises(ModelError):
+        await _client(backend).chat(_ask(priority=BACKGROUND_PRIORITY))
+    assert backend.calls == 1

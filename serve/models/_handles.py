@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -61,6 +62,8 @@ __all__ = [
     "serving_config_for",
 ]
 
+log = logging.getLogger("serve.models.handles")
+
 
 class HandleEmbedder:
     """Embeds through the ``Embedder`` deployment (which batches concurrent callers)."""
@@ -87,7 +90,13 @@ class HandleEmbedder:
 
 class HandleModelClient:
     """Chats through the ``LLM`` deployment (llama.cpp or Ray Serve LLM) in the OpenAI
-    chat-completions format; schemas go as ``response_format``, as over HTTP."""
+    chat-completions format; schemas go as ``response_format``, as over HTTP.
+
+    A 503 ``model_overloaded`` (the replica's line is full, or a request waited its
+    ``queue_timeout_s``) is tried again up to ``overload_retries`` times, after
+    ``overload_backoff_s`` doubling, as the openai SDK does over HTTP; background work
+    (``priority`` above 0) is not retried: it has a fallback and would only add to the line.
+    """
 
     def __init__(
         self,
@@ -97,8 +106,12 @@ class HandleModelClient:
         backend: Literal["llama_cpp", "vllm"] = "llama_cpp",
         default_temperature: float = 0.0,
         default_max_tokens: int = 512,
+        overload_retries: int = 3,
+        overload_backoff_s: float = 1.0,
     ) -> None:
         self._backend = chat_backend(backend, handle)
+        self._overload_retries = overload_retries
+        self._overload_backoff_s = overload_backoff_s
         self._model = model_id
         self._temperature = default_temperature
         self._max_tokens = default_max_tokens
@@ -125,9 +138,19 @@ class HandleModelClient:
             raise ModelError(f"{self._model}: the request is not valid: {exc}") from exc
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
-        result = await self._backend.chat(self._body(request))
-        if isinstance(result, Failure):
-            raise ModelError(f"{self._model}: {result.message}")
+        body = self._body(request)
+        retries = self._overload_retries if request.priority <= 0 else 0
+        delay = self._overload_backoff_s
+        for attempt in range(retries + 1):
+            result = await self._backend.chat(body)
+            if not isinstance(result, Failure):
+                break
+            if result.code != "model_overloaded" or attempt == retries:
+                raise ModelError(f"{self._model}: {result.message}")
+            log.info("%s over capacity; trying again in %.1f s", self._model, delay)
+            await asyncio.sleep(delay)
+            delay *= 2
+        assert not isinstance(result, Failure)
         choice = result["choices"][0]
         message = choice["message"]
         calls = tuple(
