@@ -421,3 +421,38 @@ def _wait_gone(p: psutil.Process) -> bool:
             return False
         time.sleep(0.2)
     return True
+
+
+# the ingestion job ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("signum", "ignore_sigint", "code"),
+    [(signal.SIGTERM, False, 143), (signal.SIGINT, True, 130)],
+    ids=["SIGTERM", "SIGINT-ignored-at-start"],
+)
+def test_the_ingest_job_interrupted_stops_its_ray_and_postgres(
+    data: Path, child: list[Child], signum: int, ignore_sigint: bool, code: int
+) -> None:
+    # What `cortex-ray ingest` and `ray job stop` reach: python -m jobs.ingest on a local Ray
+    # it starts, the embedded PostgreSQL, a corpus large enough to be mid-way at the signal.
+    corpus = data / "corpus"
+    corpus.mkdir()
+    section = "".join(f"Line {i} of a paragraph about ingestion and shutdown.\n" for i in range(40))
+    for n in range(40):
+        (corpus / f"doc{n}.md").write_text(
+            "".join(f"# Part {k}\n\n{section}\n" for k in range(400))
+        )
+    c = Child(
+        [
+            sys.executable, "-m", "jobs.ingest", str(corpus),
+            "--org", "shutdown", "--collection", "docs", "--no-embed",
+        ],
+        data,
+        ignore_sigint=ignore_sigint,
+    )  # fmt: skip
+    child.append(c)
+    c.wait_for(r"ingest: [0-9.]+/[0-9.]+ MB")
+    assert c.stop(signum) == code, c.output()[-3000:]
+    assert "interrupted" in c.output()
+    _assert_clean(c)
