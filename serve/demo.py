@@ -3,8 +3,9 @@
     python -m serve.demo [GOAL] [--max-steps N] [--port 8000] [--keep-running]
                          [--in-process-models]
 
-Starts the embedded PostgreSQL, a local Ray, the model-serving app (SmolLM2 and MiniLM, once,
-at 127.0.0.1:8000/models/v1) and the HTTP API on Ray Serve (127.0.0.1:8000, runs driven by
+Starts the embedded PostgreSQL, a local Ray, the model-serving app (the packaged chat model
+named by CORTEX_MODEL_NAME, Qwen2.5-Coder-1.5B-Instruct by default, and MiniLM, once, at
+127.0.0.1:8000/models/v1) and the HTTP API on Ray Serve (127.0.0.1:8000, runs driven by
 session actors that reach the models through deployment handles), creates an organisation,
 an admin API key and an autonomous agent, submits a task over HTTP, follows it to its
 terminal state, prints the step log, and prints the commands that do the same or look at
@@ -140,8 +141,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"{api.settings.model_backend if api.settings else '?'}, embeddings: "
                     f"{api.settings.embedding_backend if api.settings else '?'})"
                 )
+            task_started = time.perf_counter()
             task_id, run = _follow_task(api.url, key, agent_id, args.goal, args.max_steps)
             _print_run(run)
+            _say(
+                f"==> task {run.get('status')} in {time.perf_counter() - task_started:.1f} s "
+                f"({len(run.get('steps', []))} steps, model {settings.model_name}); the whole "
+                f"demo took {time.perf_counter() - started:.1f} s"
+            )
             _print_commands(api.url, key, agent_id, args.goal, task_id)
             outcome = _exit_code(run)
             if args.keep_running:

@@ -21,6 +21,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests that need a real chat model load the fastest packaged one, not the main job's default
+# (cortex_ray.models.TEST_MODEL_NAME; Settings read this variable).
+os.environ.setdefault("CORTEX_MODEL_NAME", "SmolLM2-135M-Instruct")
 
 from cortex_ray import Settings
 from cortex_ray.models import (
@@ -94,9 +97,10 @@ def minilm() -> SentenceTransformerEmbedder:
 
 @pytest.fixture(scope="session")
 def smollm2():  # type: ignore[no-untyped-def]
+    from cortex_ray.models import TEST_MODEL_NAME
     from cortex_ray.models.llama_cpp import LlamaCppClient
 
-    client = LlamaCppClient(n_ctx=4096)
+    client = LlamaCppClient(model_name=TEST_MODEL_NAME, n_ctx=4096)
     yield client
     client._llama.close()
 

@@ -49,6 +49,7 @@ def _config(dsn: str | None, *, require_keys: bool | None) -> ModelServingConfig
         embedder=None,
         reranker=None,
         llm=LlmConfig(
+            model_id=LLM_ID,
             n_ctx=1024,
             default_max_tokens=16,
             max_waiting=1,

@@ -18,11 +18,13 @@ from cortex_ray.memory._importance import (
 )
 from cortex_ray.models import (
     BACKGROUND_PRIORITY,
+    TEST_MODEL_NAME,
     ChatMessage,
     ChatRequest,
     ChatResponse,
     Usage,
 )
+from serve.models import LlmConfig
 from serve.models._handles import HandleModelClient
 from serve.models._llm import LlamaCppServer, ModelLine
 from serve.models._openai import ChatCompletionRequest, Failure
@@ -132,7 +134,7 @@ def _body(content: str, priority: int) -> ChatCompletionRequest:
 async def test_the_real_replica_serves_a_foreground_call_before_queued_background_ones() -> None:
     """The packaged SmolLM2 through the replica class: with the model busy, two background
     calls then one foreground call arrive; the foreground one is answered first."""
-    server = LlamaCppServer()
+    server = LlamaCppServer(LlmConfig(model_id=TEST_MODEL_NAME))
     done: list[str] = []
 
     async def call(name: str, priority: int) -> None:

@@ -76,7 +76,7 @@ CONFIG = ModelServingConfig(
     reranker=RerankerConfig(
         model_id=RERANK_ID, model=str(packaged_minilm_path()), deployment=NO_CPU
     ),
-    llm=LlmConfig(n_ctx=1024, default_max_tokens=48, deployment=NO_CPU),
+    llm=LlmConfig(model_id=LLM_ID, n_ctx=1024, default_max_tokens=48, deployment=NO_CPU),
     ingress=IngressConfig(
         max_embedding_inputs=8,
         max_input_chars=2000,
@@ -439,6 +439,37 @@ async def test_chat_follows_a_json_schema(oai: Any) -> None:
     jsonschema.validate(json.loads(got.choices[0].message.content), schema)
 
 
+async def test_stop_and_a_cut_off_tools_reply_over_http(oai: Any) -> None:
+    """Issue 14: ``stop`` was refused on llama.cpp, and a reply cut at the token limit with
+    ``tools`` came back as the grammar's raw ``{ "reply": ...`` wrapper."""
+    count = [{"role": "user", "content": "Count from one to ten."}]
+    free = await oai.chat.completions.create(
+        model=LLM_ID, messages=count, max_tokens=24, temperature=0
+    )
+    text = free.choices[0].message.content
+    stop = [w for w in text.split() if text.index(w) > 0][1]  # a later word
+    got = await oai.chat.completions.create(
+        model=LLM_ID, messages=count, max_tokens=24, temperature=0, stop=[stop]
+    )
+    assert got.choices[0].message.content == text[: text.index(stop)]
+    assert got.choices[0].finish_reason == "stop"
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    hello = [{"role": "user", "content": "Say hello to me."}]
+    cut = await oai.chat.completions.create(
+        model=LLM_ID, messages=hello, tools=[tool], max_tokens=12, temperature=0
+    )
+    assert cut.choices[0].finish_reason == "length"
+    content = cut.choices[0].message.content or ""
+    assert not content.lstrip().startswith("{") and '"reply"' not in content
+
+
 async def test_chat_calls_a_tool(http: Any, conforms: Any) -> None:
     params = {
         "type": "object",
@@ -523,7 +554,8 @@ LONG = "word " * 399  # 1,995 characters, ~400 tokens
         ({"max_tokens": 257}, 400, "invalid_value"),
         ({"max_tokens": 0}, 400, "invalid_value"),
         ({"n": 2}, 400, "unsupported_parameter"),
-        ({"stop": ["\n"]}, 400, "unsupported_parameter"),
+        ({"stop": [""]}, 400, "invalid_value"),  # would stop before the first token
+        ({"stop": ["a", "b", "c", "d", "e"]}, 400, "invalid_value"),  # OpenAI takes up to 4
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
             400,

@@ -159,6 +159,7 @@ def test_serving_defaults_are_the_settings_defaults() -> None:
     for setting in (
         "model_name",
         "local_model_path",
+        "data_dir",
         "local_model_context",
         "local_model_threads",
         "model_max_tokens",
@@ -176,6 +177,7 @@ def test_serving_config_for_carries_every_mirrored_setting(tmp_path: Path) -> No
     values = {
         "model_name": "other-llm",
         "local_model_path": tmp_path / "model.gguf",
+        "data_dir": tmp_path / "data",
         "local_model_context": 2048,
         "local_model_threads": 3,
         "model_max_tokens": 99,

@@ -29,6 +29,7 @@ from cortex_ray._types import (
     ToolSpec,
     WorkingMemory,
 )
+from cortex_ray.decide._answers import collapse_lead_in, placeholder_note, placeholders
 from cortex_ray.models import ModelClient, structured_call
 from cortex_ray.perceive import PromptComposer
 
@@ -135,15 +136,21 @@ def parse_candidates(raw: Any, tools: tuple[ToolSpec, ...], k: int) -> list[Cand
         rationale = str(item.get("rationale", ""))
         if item.get("finish") is True or ("message" in item and "tool" not in item):
             message = item.get("message")
-            ok = isinstance(message, str) and bool(message.strip())
+            why: str | None = None
+            if isinstance(message, str) and message.strip():
+                message = collapse_lead_in(message.strip())
+                if found := placeholders(message):
+                    why = placeholder_note(found, by_name)
+            else:
+                why = "finish without a message"
             out.append(
                 Candidate(
                     index=i,
                     kind="finish",
                     message=message if isinstance(message, str) else None,
                     rationale=rationale,
-                    valid=ok,
-                    invalid_reason=None if ok else "finish without a message",
+                    valid=why is None,
+                    invalid_reason=why,
                 )
             )
             continue

@@ -17,6 +17,15 @@ from cortex_ray.models._guard import (
     override_allow_model_requests,
     set_allow_model_requests,
 )
+from cortex_ray.models._packaged import (
+    DEFAULT_MODEL_NAME,
+    PACKAGED_MODELS,
+    TEST_MODEL_NAME,
+    ModelPart,
+    PackagedModel,
+    packaged_model,
+    packaged_model_path,
+)
 from cortex_ray.models._protocol import (
     BACKGROUND_PRIORITY,
     ChatMessage,
@@ -38,7 +47,10 @@ from cortex_ray.models.scripted import ScriptedModelClient
 
 __all__ = [
     "BACKGROUND_PRIORITY",
+    "DEFAULT_MODEL_NAME",
     "ENTRY_POINT_GROUP",
+    "PACKAGED_MODELS",
+    "TEST_MODEL_NAME",
     "BackendOpener",
     "ChatMessage",
     "ChatRequest",
@@ -47,8 +59,10 @@ __all__ = [
     "HashEmbedder",
     "ModelBackend",
     "ModelClient",
+    "ModelPart",
     "ModelParts",
     "ModelSlot",
+    "PackagedModel",
     "RerankHit",
     "Reranker",
     "ScriptedModelClient",
@@ -62,6 +76,8 @@ __all__ = [
     "open_models",
     "override_allow_model_requests",
     "packaged_minilm_path",
+    "packaged_model",
+    "packaged_model_path",
     "register_backend",
     "set_allow_model_requests",
     "structured_call",

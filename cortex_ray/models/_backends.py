@@ -153,6 +153,8 @@ async def _open_local(settings: Settings, slots: frozenset[ModelSlot]) -> ModelP
 
         chat = LlamaCppClient(
             settings.local_model_path,
+            model_name=settings.model_name,
+            data_dir=settings.data_dir,
             n_ctx=settings.local_model_context,
             n_threads=settings.local_model_threads,
             default_temperature=settings.model_temperature,

@@ -61,6 +61,8 @@ class ChatRequest(BaseModel):
     schema_name: str = "output"
     temperature: float | None = None
     max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    """OpenAI's ``stop``: the output ends before the first of these strings (not included)."""
     priority: int = 0
     """Order in a model server's line: lower first, then arrival (vLLM's convention).
     Background work (importance rescoring) asks with ``BACKGROUND_PRIORITY`` so that what
@@ -86,6 +88,8 @@ class ChatRequest(BaseModel):
         }
         if self.tools:
             body["tools"] = list(self.tools)
+        if self.stop:
+            body["stop"] = list(self.stop)
         if self.response_schema is not None and json_schema:
             body["response_format"] = {
                 "type": "json_schema",

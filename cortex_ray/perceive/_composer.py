@@ -59,7 +59,15 @@ class PromptComposer:
             return ""
         groups = []
         for category in ActionType:
-            tools = [t for t in wm.action_space if t.action_type is category]
+            # In a conversation the answer itself is the reply: listed as a tool beside the
+            # tool grammar's {"reply": ...}, it drew SmolLM2 to reply (with placeholders such
+            # as "{{current_time}}") instead of calling the tool the question needed.
+            tools = [
+                t
+                for t in wm.action_space
+                if t.action_type is category
+                and not (wm.mode is AgentMode.INTERACTIVE and t.name == "reply")
+            ]
             if not tools:
                 continue
             lines = "\n".join(f"- {t.name}: {t.description}" for t in tools)

