@@ -21,6 +21,7 @@ import pytest
 
 from cortex_ray import ApiOptions, Settings
 from cortex_ray.knowledge import RetrievalConfig
+from cortex_ray.models import TEST_MODEL_NAME
 from cortex_ray.storage import EmbeddedPostgres
 
 CLI = [sys.executable, "-m", "cortex_ray.cli"]
@@ -41,6 +42,7 @@ def cli_env() -> Iterator[dict[str, str]]:
     env |= {
         "CORTEX_DATA_DIR": str(data_dir),
         "CORTEX_EMBEDDING_BACKEND": "hash",
+        "CORTEX_MODEL_NAME": TEST_MODEL_NAME,  # the fast packaged model, not the main job's
         "HF_HUB_OFFLINE": "1",
         "COLUMNS": "200",  # rich wraps at 80 columns when not on a terminal
     }

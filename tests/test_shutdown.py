@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from cortex_ray.models import TEST_MODEL_NAME
 from cortex_ray.storage import EmbeddedPostgres
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +54,7 @@ def _env(data: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CORTEX_", "RAY_"))}
     return env | {
         "CORTEX_DATA_DIR": str(data),
+        "CORTEX_MODEL_NAME": TEST_MODEL_NAME,  # the fast packaged model, not the main job's
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
