@@ -78,6 +78,9 @@ def respond(request: ChatRequest) -> str:
         return _ACT
     if "scores" in props:
         return json.dumps({"scores": [5] * int(props["scores"].get("maxItems", 1))})
+    if "best" in props:
+        listed = props["best"]["enum"]
+        return json.dumps({"assessments": ["ok"] * len(listed), "best": listed[0]})
     if "importance" in props:
         return json.dumps({"importance": 5})
     raise ValueError(f"unexpected request schema {request.schema_name!r}")

@@ -108,6 +108,9 @@ def respond(request: ChatRequest) -> str:
     if "scores" in props:
         n = int(props["scores"].get("maxItems", 1))
         return json.dumps({"scores": [5] * n})
+    if "best" in props:
+        listed = props["best"]["enum"]
+        return json.dumps({"assessments": ["ok"] * len(listed), "best": listed[0]})
     if "importance" in props:
         return _IMPORTANCE
     raise ValueError(f"unexpected request schema {request.schema_name!r}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from uuid import UUID
@@ -145,6 +145,7 @@ class DecisionCycle:
             conversation=conversation or (),
             step_index=step_index,
             max_steps=max_steps,
+            run_id=ctx.run_id,
         )
         decision = await decide(wm)  # DECIDE
         if decision.kind is not DecisionKind.ACT or decision.action is None:
@@ -191,7 +192,7 @@ class DecisionCycle:
     async def _resume(self, lease: RunLease, on_step: StepCallback | None) -> TaskRun:
         run = await self.store.get_run(lease.org_id, lease.run_id)
         agent = await self.store.get_agent(run.org_id, run.agent_id)
-        observations = [s.observation for s in run.steps if s.observation is not None]
+        observations = _observed(run.steps)
         step_index = len(run.steps)
         # A side-effecting step whose process died after it began acting is decided again,
         # not re-executed, and the model is told its effect is unknown. The intent is
@@ -247,7 +248,7 @@ class DecisionCycle:
     ) -> TaskRun:
         steps = list(run.steps)
         if observations is None:
-            observations = [s.observation for s in steps if s.observation is not None]
+            observations = _observed(steps)
         with tracer.start_as_current_span(
             "cortex.run", attributes={"cortex.run_id": str(run.id), "cortex.org": run.org_id}
         ):
@@ -311,6 +312,7 @@ class DecisionCycle:
                     candidates=decision.candidates,
                     selected=decision.selected,
                     message=decision.message or decision.reason,
+                    note=decision.reason or None,
                 )
                 failed = decision.failed or decision.kind is not DecisionKind.FINISH
                 final = await self._finish(
@@ -337,6 +339,7 @@ class DecisionCycle:
                 action=decision.action,
                 action_type=observation.action_type,
                 observation=observation,
+                note=decision.reason or None,
             )
             await self.learner.record_step(  # LEARN
                 agent, run, step, decision, dispatch.audit, clear_intent=side_effects, lease=lease
@@ -525,6 +528,20 @@ def _run_context(agent: Agent, run: TaskRun, step_index: int) -> InvocationConte
     )
 
 
+def _observed(steps: Sequence[Step]) -> list[Observation]:
+    """The observations of recorded steps, each with the arguments of its call (rows
+    written before observations carried them have them in the step's action)."""
+    out = []
+    for step in steps:
+        if step.observation is None:
+            continue
+        obs = step.observation
+        if not obs.args and step.action is not None and step.action.args:
+            obs = obs.model_copy(update={"args": step.action.args})
+        out.append(obs)
+    return out
+
+
 def _interrupted(run: TaskRun, step_index: int, action: AgentAction) -> Observation:
     summary = (
         f"interrupted: the process stopped while {action.tool} was running; it may or may "
@@ -537,6 +554,7 @@ def _interrupted(run: TaskRun, step_index: int, action: AgentAction) -> Observat
         status=ObservationStatus.ERROR,
         summary=summary,
         step_index=step_index,
+        args=action.args,
     )
 
 

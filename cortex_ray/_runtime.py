@@ -82,7 +82,7 @@ from cortex_ray.act import (
     ToolRegistry,
     builtin_tools,
 )
-from cortex_ray.decide import AutonomousDriver, InteractiveDriver
+from cortex_ray.decide import AutonomousDriver, Critic, InteractiveDriver
 from cortex_ray.knowledge import Fusion, KnowledgeService, SearchResult, knowledge_search_tool
 from cortex_ray.learn import Learner
 from cortex_ray.memory import (
@@ -160,6 +160,7 @@ class Runtime:
         hooks: Sequence[ToolHook] = (),
         classifier: ActionClassifier | None = None,
         knowledge: KnowledgeService | None = None,
+        critic_model: ModelClient | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -178,10 +179,18 @@ class Runtime:
         self.dispatcher = ToolDispatcher(
             self.registry, self.access, self.store, settings, memory=memory, hooks=hooks
         )
-        self.composer = PromptComposer(show_action_space=settings.show_action_space)
+        self.composer = PromptComposer(
+            show_action_space=settings.show_action_space,
+            earlier_chars=settings.progress_earlier_chars,
+        )
         self.assembler = WorkingMemoryAssembler(memory, self.dispatcher, recall_k=settings.recall_k)
-        self.autonomous = AutonomousDriver(model, self.composer, settings)
-        self.interactive = InteractiveDriver(model, self.composer, settings)
+        # The inner voice of agents with critic on: another model when one is given, else
+        # the agent's own model with a reviewer's prompt (same lineage, said so in the log).
+        critic = Critic(
+            critic_model or model, self.composer, settings, independent=critic_model is not None
+        )
+        self.autonomous = AutonomousDriver(model, self.composer, settings, critic=critic)
+        self.interactive = InteractiveDriver(model, self.composer, settings, critic=critic)
         self.learner = Learner(db, self.store, memory)
         self.cycle = DecisionCycle(
             settings=settings,
@@ -212,6 +221,7 @@ class Runtime:
         hooks: Sequence[ToolHook] = (),
         db: Database | None = None,
         reranker: Reranker | None = None,
+        critic_model: ModelClient | None = None,
     ) -> Runtime:
         """Start or reach the database, open the models the settings name, and wire the cycle.
 
@@ -220,7 +230,8 @@ class Runtime:
         ``None``) to override. Likewise ``embedder`` (else ``embedding_backend``) and
         ``importance``. ``reranker`` (a cross-encoder) reranks knowledge search; without one
         the backend's reranker is used if it has one (the ``served`` backend does), else
-        that stage is skipped and each result says so.
+        that stage is skipped and each result says so. ``critic_model`` reviews the answers
+        of agents with ``critic`` on (default: their own model, a same-lineage review).
         """
         if settings is None:
             settings = load_settings()
@@ -271,6 +282,7 @@ class Runtime:
                 tools=tools,
                 hooks=hooks,
                 knowledge=knowledge,
+                critic_model=critic_model,
             )
             # Close only what this call opened; a caller's model or database is theirs.
             runtime._owns_model = opens_chat
@@ -455,10 +467,11 @@ class Runtime:
         tools: Sequence[str] | None = None,
         skills: Sequence[str] = (),
         grant: Grant | None = None,
+        critic: bool = False,
         principal: Principal | None = None,
     ) -> Agent:
         """Create an agent (admin only). By default it has every built-in tool and a grant
-        for them."""
+        for them; ``critic`` turns on its inner voice (a review of each final answer)."""
         args = {"name": name, "mode": mode.value}
         caller = await self._authorize(principal, UseCase.AGENTS_CREATE, org_id, args=args)
         tool_names = tuple(tools) if tools is not None else BUILTIN_TOOL_NAMES
@@ -472,6 +485,7 @@ class Runtime:
                 tools=tool_names,
                 skills=tuple(skills),
                 grant=grant if grant is not None else Grant(tools=frozenset(tool_names)),
+                critic=critic,
             )
         except ValidationError as exc:
             raise InvalidRequestError(f"invalid agent: {_first_error(exc)}") from exc
@@ -487,8 +501,8 @@ class Runtime:
         *,
         principal: Principal | None = None,
     ) -> Agent:
-        """Change an agent's mode, persona, tools, skills or grant (admin only): the fields
-        set on ``changes``."""
+        """Change an agent's mode, persona, tools, skills, grant or critic (admin only): the
+        fields set on ``changes``."""
         given = changes.model_fields_set
         args = {"fields": sorted(given)}
         caller, agent = await self._agent_for(
@@ -506,6 +520,8 @@ class Runtime:
             update["skills"] = tuple(changes.skills)
         if "grant" in given:
             update["grant"] = changes.grant
+        if "critic" in given and changes.critic is not None:
+            update["critic"] = changes.critic
         changed = await self.store.update_agent(agent.model_copy(update=update))
         await self._audited(caller, UseCase.AGENTS_UPDATE, org_id, agent=changed, args=args)
         return changed

@@ -440,7 +440,18 @@ class Settings(BaseSettings):
     )
 
     # decision cycle
-    candidates: int = Field(default=3, ge=1, le=8, description="K proposals per autonomous step")
+    candidates: int = Field(
+        default=1,
+        ge=1,
+        le=8,
+        description="K proposals per autonomous step (1: no evaluation call; measured better "
+        "than 3 on the packaged models, docs/benchmarks.md)",
+    )
+    evaluation: Literal["choice", "scores"] = Field(
+        default="choice",
+        description="how EVALUATE judges K candidates: choice (a few words on each, then "
+        "the best one's number) or scores (0-10 each); see docs/architecture.md",
+    )
     default_max_steps: int = Field(
         default=8, ge=1, description="step budget of a run that asks for none"
     )
@@ -454,6 +465,12 @@ class Settings(BaseSettings):
     )
     tool_output_chars: int = Field(
         default=4000, ge=64, description="tool output kept in an observation"
+    )
+    progress_earlier_chars: int = Field(
+        default=500,
+        ge=64,
+        description="earlier observations are shown to the planner cut to this many "
+        "characters (the latest in full): a run's prompt stays within a small context",
     )
     conversation_window: int = Field(
         default=20, ge=1, description="recent turns of a conversation the prompt shows"

@@ -134,6 +134,7 @@ class AgentChanges(_Model):
     tools: tuple[str, ...] | None = None
     skills: tuple[str, ...] | None = None
     grant: Grant | None = None
+    critic: bool | None = None
 
 
 class Agent(_Model):
@@ -147,6 +148,9 @@ class Agent(_Model):
     tools: tuple[str, ...] = ()
     skills: tuple[str, ...] = ()
     grant: Grant | None = None
+    critic: bool = False
+    """The inner voice: an independent review of each final answer or reply, revised once
+    (see ``cortex_ray.decide.Critic``)."""
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 
@@ -194,6 +198,13 @@ class Candidate(_Model):
     score: float | None = None
     valid: bool = True
     invalid_reason: str | None = None
+    repeats: int | None = None
+    """The step (1-based) that already made this exact call, with the same arguments."""
+    assessment: str | None = None
+    """What the evaluation said this candidate gives toward the objective (choice mode)."""
+    unsupported: tuple[str, ...] = ()
+    """Numbers in a finish's answer that neither the objective, the results observed nor
+    the memories recalled contain: values the model made up."""
 
 
 class DecisionKind(StrEnum):
@@ -233,6 +244,8 @@ class Observation(_Model):
     truncated: bool = False
     duration_ms: float = 0.0
     step_index: int | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    """The arguments the call was made with (what the planner is told it already did)."""
 
 
 class MemoryKind(StrEnum):
@@ -294,6 +307,8 @@ class WorkingMemory(_Model):
     conversation: tuple[Turn, ...] = ()
     step_index: int = 0
     max_steps: int | None = None
+    critic: bool = False
+    """The agent's inner voice is on: its final answer or reply is reviewed first."""
 
 
 class Turn(_Model):
@@ -355,6 +370,10 @@ class Step(_Model):
     action_type: ActionType | None = None
     observation: Observation | None = None
     message: str | None = None
+    note: str | None = None
+    """Why the planner chose this step's action when it was not a plain argmax of the
+    scores (one candidate, scores that carry no judgement, repeated calls); see
+    ``Decision.reason``."""
     created_at: datetime = Field(default_factory=utcnow)
 
 

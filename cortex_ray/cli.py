@@ -217,7 +217,8 @@ def _candidates_text(step: Step) -> str:
         label = c.tool if c.kind == "tool" else "finish"
         score = "invalid" if not c.valid else ("–" if c.score is None else f"{c.score:g}")
         mark = "*" if c.index == step.selected else ""
-        parts.append(f"{mark}{label}={score}")
+        again = f"↻{c.repeats}" if c.repeats else ""
+        parts.append(f"{mark}{label}{again}={score}")
     return ", ".join(parts) or "—"
 
 
@@ -244,6 +245,8 @@ def _step_line(step: Step, max_steps: int) -> Text:
     else:
         line.append(": ")
     line.append(_shorten(summary, 100), style="dim")
+    if step.note:
+        line.append(f"  ({_shorten(step.note, 80)})", style="italic")
     return line
 
 
@@ -259,7 +262,8 @@ def _step_table(run: TaskRun) -> Table:
         title=f"steps of run {run.id}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
-        caption="candidates: tool=score, * marks the selected one",
+        caption="candidates: tool=score, * marks the selected one, ↻N repeats step N; "
+        "note: why the planner chose it",
         caption_justify="left",
     )
     table.add_column("#", justify="right", no_wrap=True)
@@ -267,6 +271,7 @@ def _step_table(run: TaskRun) -> Table:
         table.add_column(column, no_wrap=True)
     table.add_column("observation", ratio=3, overflow="fold")
     table.add_column("candidates", ratio=2, overflow="fold")
+    table.add_column("note", ratio=2, overflow="fold")
     for step in run.steps:
         tool, category, status, summary, candidates = _step_cells(step)
         table.add_row(
@@ -277,6 +282,7 @@ def _step_table(run: TaskRun) -> Table:
             status,
             Text(_shorten(summary, 80)),
             Text(candidates),
+            Text(_shorten(step.note or "", 120)),
         )
     return table
 
@@ -418,7 +424,8 @@ def demo(
         int | None, typer.Option("--max-steps", help="Step budget (default from settings).")
     ] = None,
 ) -> None:
-    """Run the demo agent autonomously on the embedded default (PostgreSQL, SmolLM2, MiniLM)."""
+    """Run the demo agent autonomously on the embedded default (PostgreSQL, the packaged chat
+    model CORTEX_MODEL_NAME, MiniLM)."""
     org = _org(ctx)
 
     async def work() -> int:
@@ -483,6 +490,10 @@ def agents_create(
     skill: Annotated[
         list[str] | None, typer.Option("--skill", help="A skill, in words (repeat).")
     ] = None,
+    critic: Annotated[
+        bool,
+        typer.Option("--critic", help="Review each final answer or reply before it is given."),
+    ] = False,
 ) -> None:
     """Create an agent."""
     org = _org(ctx)
@@ -496,6 +507,7 @@ def agents_create(
                 mode=AgentMode(mode.value.upper()),
                 tools=tool or None,
                 skills=skill or (),
+                critic=critic,
                 principal=_operator(org),
             )
         _out.print(Text(f"created agent {agent.name} ({agent.id})"), soft_wrap=True)

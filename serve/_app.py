@@ -559,6 +559,7 @@ def _org_router() -> APIRouter:
             tools=body.tools,
             skills=body.skills,
             grant=None if body.grant is None else body.grant.to_grant(),
+            critic=body.critic,
             principal=principal,
         )
         return from_agent(agent)
@@ -579,7 +580,7 @@ def _org_router() -> APIRouter:
     async def update_agent(
         state: StateDep, org: OrgPath, principal: MemberDep, agent_ref: AgentRef, body: AgentUpdate
     ) -> AgentBody:
-        """Change an agent's mode, persona, tools, skills or grant (admin only)."""
+        """Change an agent's mode, persona, tools, skills, grant or critic (admin only)."""
         changed = await state.runtime.update_agent(
             org, agent_ref, body.to_changes(), principal=principal
         )

@@ -252,6 +252,10 @@ class AgentCreate(_Body):
     grant: GrantBody | None = Field(
         default=None, description="default: a grant for exactly the agent's tools"
     )
+    critic: bool = Field(
+        default=False,
+        description="the inner voice: review each final answer or reply before it is given",
+    )
 
 
 class AgentUpdate(_Body):
@@ -262,12 +266,15 @@ class AgentUpdate(_Body):
     tools: list[Name] | None = Field(default=None, max_length=256)
     skills: list[LongText] | None = Field(default=None, max_length=64)
     grant: GrantBody | None = None
+    critic: bool | None = None
 
     @model_validator(mode="after")
     def _something(self) -> AgentUpdate:
         if not self.model_fields_set:
-            raise ValueError("nothing to update: give persona, mode, tools, skills or grant")
-        for field in ("persona", "mode", "tools", "skills"):
+            raise ValueError(
+                "nothing to update: give persona, mode, tools, skills, grant or critic"
+            )
+        for field in ("persona", "mode", "tools", "skills", "critic"):
             if field in self.model_fields_set and getattr(self, field) is None:
                 raise ValueError(f"{field} cannot be null")
         return self
@@ -286,6 +293,8 @@ class AgentUpdate(_Body):
             values["skills"] = tuple(self.skills)
         if "grant" in given:
             values["grant"] = None if self.grant is None else self.grant.to_grant()
+        if "critic" in given:
+            values["critic"] = self.critic
         return AgentChanges(**values)
 
 
@@ -297,6 +306,7 @@ class AgentBody(_Out):
     tools: list[str]
     skills: list[str]
     grant: GrantBody | None
+    critic: bool
     created_at: datetime
     updated_at: datetime
 
@@ -310,6 +320,7 @@ def from_agent(agent: Agent) -> AgentBody:
         tools=list(agent.tools),
         skills=list(agent.skills),
         grant=_grant_body(agent.grant),
+        critic=agent.critic,
         created_at=agent.created_at,
         updated_at=agent.updated_at,
     )
@@ -379,6 +390,16 @@ class CandidateBody(_Out):
     score: float | None
     valid: bool
     invalid_reason: str | None
+    repeats: int | None = Field(
+        default=None, description="the step (1-based) that already made this exact call"
+    )
+    assessment: str | None = Field(
+        default=None, description="what the evaluation said it gives toward the objective"
+    )
+    unsupported: list[str] = Field(
+        default_factory=list,
+        description="numbers in a finish's answer that no result, memory or the goal gives",
+    )
 
 
 class ActionBody(_Out):
@@ -432,6 +453,9 @@ def _candidate(c: Candidate) -> CandidateBody:
         score=c.score,
         valid=c.valid,
         invalid_reason=c.invalid_reason,
+        repeats=c.repeats,
+        assessment=c.assessment,
+        unsupported=list(c.unsupported),
     )
 
 
@@ -446,6 +470,11 @@ class StepBody(_Out):
     action_category: ActionType | None
     observation: ObservationBody | None
     message: str | None = Field(description="the finish message or reason (FINISH steps)")
+    note: str | None = Field(
+        default=None,
+        description="why the planner chose this candidate when it was not a plain argmax "
+        "(what it said remains, repeats, scores without judgement)",
+    )
     created_at: datetime
 
 
@@ -459,6 +488,7 @@ def _step(step: Step) -> StepBody:
         action_category=step.action_type,
         observation=None if step.observation is None else from_observation(step.observation),
         message=step.message,
+        note=step.note,
         created_at=step.created_at,
     )
 

@@ -96,6 +96,8 @@ def _print_run(run: dict[str, Any]) -> None:
             f"  {step['index'] + 1}. {what} [{step.get('actionCategory') or '-'}] "
             f"{obs.get('status', '')} {summary}  ({scores})"
         )
+        if step.get("note"):
+            print(f"       note: {step['note']}")
     print(f"result: {run.get('result')}\nreason: {run.get('reason')}")
 
 

@@ -62,12 +62,17 @@ TABLES = (
 
 def respond(request: ChatRequest) -> str | ChatResponse:
     """Answer by the schema asked for. Autonomous: read the clock at step 1 (two candidates,
-    scored), then finish; a goal containing "never finish" reads the clock until the budget
-    ends. Interactive: a message asking for the time calls ``current_time`` first."""
+    scored), then finish; a goal containing "never finish" searches its memory (a new query
+    each step, so never a repeat) until the budget ends. Interactive: a message asking for
+    the time calls ``current_time`` first."""
     props = (request.response_schema or {}).get("properties", {})
     text = "\n".join(m.content or "" for m in request.messages)
     if "candidates" in props:
-        if "Step 1 of" in text or "never finish" in text:
+        if "never finish" in text:
+            step = next((n for n in range(1, 65) if f"Step {n} of" in text), 0)
+            search = {"tool": "memory_search", "args": {"query": f"q{step}"}, "rationale": "r"}
+            return json.dumps({"candidates": [search]})
+        if "Step 1 of" in text:
             return json.dumps(
                 {
                     "candidates": [
@@ -82,6 +87,9 @@ def respond(request: ChatRequest) -> str | ChatResponse:
     if "scores" in props:
         n = int(props["scores"].get("maxItems", 1))
         return json.dumps({"scores": [9] + [2] * (n - 1)})
+    if "best" in props:  # the evaluation in choice mode: the first listed
+        listed = props["best"]["enum"]
+        return json.dumps({"assessments": ["ok"] * len(listed), "best": listed[0]})
     if "importance" in props:
         return json.dumps({"importance": 5})
     if "facts" in props:
@@ -125,8 +133,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def replica_settings(settings: Settings, db: Database) -> Settings:
-    # The replica is another process: it reaches the embedded server by its DSN.
-    return settings.model_copy(update={"database_url": db.dsn})
+    # The replica is another process: it reaches the embedded server by its DSN. K=3: the
+    # step log's candidates, scores and note are part of what the API returns.
+    return settings.model_copy(update={"database_url": db.dsn, "candidates": 3})
 
 
 @pytest.fixture(scope="module")
@@ -341,8 +350,11 @@ async def test_task_runs_to_completion_with_its_step_log(
 
     first, last = task["steps"]
     assert first["index"] == 0 and first["decision"] == "ACT"
-    assert [c["score"] for c in first["candidates"]] == [9.0, 2.0]
+    # The evaluation (a choice) picked the first: it scores 10, the other 0.
+    assert [c["score"] for c in first["candidates"]] == [10.0, 0.0]
+    assert [c["assessment"] for c in first["candidates"]] == ["ok", "ok"]
     assert first["selected"] == 0
+    assert first["note"] == "chosen by the evaluation among 2"
     assert first["action"]["tool"] == "current_time"
     assert first["actionCategory"] == "GROUNDING"
     assert first["observation"]["status"] == "OK" and "utc" in first["observation"]["output"]

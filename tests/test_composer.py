@@ -126,6 +126,8 @@ def test_autonomous_evaluation_prompt_is_pinned() -> None:
     ]
     text = as_text(PromptComposer().render_evaluation(wm, candidates))
     check_golden("autonomous_evaluation.txt", text)
+    choice = as_text(PromptComposer().render_evaluation(wm, candidates, mode="choice"))
+    check_golden("autonomous_choice.txt", choice)
 
 
 def test_interactive_prompt_is_pinned() -> None:
@@ -155,12 +157,24 @@ def test_new_blocks_render_empty_unless_populated(mode: AgentMode) -> None:
     assert "Relevant memories" not in text and "\n\n\n" not in text
 
 
+def test_an_empty_memory_is_said_when_the_agent_could_search_it() -> None:
+    empty = MemorySnapshot(query="q", taken_at=WHEN)
+    wm = working_memory(AgentMode.AUTONOMOUS, snapshot=empty)  # has memory_search
+    assert "Relevant memories: none" in PromptComposer().system_prompt(wm)
+    no_search = tuple(t for t in wm.action_space if t.name != "memory_search")
+    bare = wm.model_copy(update={"action_space": no_search})
+    assert "Relevant memories" not in PromptComposer().system_prompt(bare)
+
+
 def test_action_space_is_grouped_and_behind_a_setting() -> None:
     wm = working_memory(AgentMode.AUTONOMOUS)
     block = PromptComposer().action_space_block(wm)
     assert block.index("RETRIEVAL") < block.index("LEARNING") < block.index("GROUNDING")
     assert "REASONING" not in block  # no built-in reasoning tool
-    assert "- current_time:" in block.split("GROUNDING")[1]
+    assert "- current_time():" in block.split("GROUNDING")[1]
+    # The planner writes arguments itself: it sees each tool's parameters and types.
+    assert "- remember_fact(subject: string, fact: string):" in block
+    assert '- propose_procedural_edit(field: "persona"|"skills", value: string' in block
     hidden = PromptComposer(show_action_space=False)
     assert hidden.action_space_block(wm) == ""
     assert "Action space" not in as_text(hidden.render(wm))

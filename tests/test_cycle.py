@@ -53,6 +53,13 @@ def planner(
             n = request.response_schema["properties"]["scores"]["minItems"]
             values = scores(state["step"]) if scores else [float(10 - i) for i in range(n)]
             return json.dumps({"scores": values})
+        if request.schema_name == "choice":  # the best by the same scores, first on ties
+            assert request.response_schema is not None
+            listed = request.response_schema["properties"]["best"]["enum"]
+            n = len(listed)
+            values = scores(state["step"]) if scores else [float(10 - i) for i in range(n)]
+            best = listed[values.index(max(values))]
+            return json.dumps({"assessments": ["ok"] * n, "best": best})
         raise AssertionError(f"unexpected structured call {request.schema_name}")
 
     return respond
@@ -80,7 +87,9 @@ async def make_runtime(db: Database, settings: Settings) -> AsyncIterator[Callab
     opened: list[Runtime] = []
 
     async def make(model: Any, **overrides: Any) -> Runtime:
-        rt_settings = settings.model_copy(update={"embedding_backend": "hash", **overrides})
+        # K=3: these tests exercise propose → evaluate → select (the default K is 1).
+        update = {"embedding_backend": "hash", "candidates": 3, **overrides}
+        rt_settings = settings.model_copy(update=update)
         runtime = await Runtime.open(
             rt_settings,
             model=model,
@@ -128,7 +137,9 @@ async def test_autonomous_run_completes_with_a_full_ledger(make_runtime, db, org
     first = run.steps[0]
     assert first.action is not None and first.action.tool == "current_time"
     assert first.action_type is ActionType.GROUNDING
-    assert [c.score for c in first.candidates] == [10.0, 9.0]  # proposed, evaluated, selected
+    # proposed, evaluated (choice: the chosen one scores 10), selected
+    assert [c.score for c in first.candidates] == [10.0, 0.0]
+    assert [c.assessment for c in first.candidates] == ["ok", "ok"]
     assert first.selected == 0
     assert first.observation is not None and first.observation.status is ObservationStatus.OK
     assert run.steps[1].action_type is ActionType.LEARNING
@@ -150,13 +161,15 @@ async def test_autonomous_run_completes_with_a_full_ledger(make_runtime, db, org
     # Progress so far: the second proposal saw the first observation.
     proposal_prompts = [r for r in model.requests if r.schema_name == "proposals"]
     assert (
-        "Progress so far:\n1. current_time [GROUNDING] OK"
-        in proposal_prompts[1].messages[1].content
+        "Progress so far (calls already made, with their results):\n"
+        "1. current_time() [GROUNDING] OK" in proposal_prompts[1].messages[1].content
     )  # type: ignore[operator]
 
 
 async def test_budget_exhausted_fails(make_runtime, org) -> None:
-    forever = lambda step: [{"tool": "current_time", "args": {}, "rationale": "again"}]  # noqa: E731
+    def forever(step: int) -> list[dict[str, Any]]:  # a new search every step, never done
+        return [{"tool": "memory_search", "args": {"query": f"q{step}"}, "rationale": "again"}]
+
     runtime = await make_runtime(ScriptedModelClient(responder=planner(forever)))
     agent = await runtime.create_agent(org, "looper", mode=AgentMode.AUTONOMOUS)
     run = await runtime.run_autonomous(org, agent.name, "never done", max_steps=3)
@@ -277,7 +290,7 @@ async def test_a_run_resumes_after_its_last_recorded_step(make_runtime, org) -> 
     assert [a["step_index"] for a in audit] == [0, 1]  # step 0 did not run again
     # The resumed step saw the observation recorded before the crash.
     last_prompt = [r for r in model.requests if r.schema_name == "proposals"][-1]
-    assert "1. current_time [GROUNDING] OK" in (last_prompt.messages[1].content or "")
+    assert "1. current_time() [GROUNDING] OK" in (last_prompt.messages[1].content or "")
 
 
 async def test_a_run_keeps_its_requester_and_contact_context_apart_from_its_goal(
@@ -420,8 +433,15 @@ async def test_interactive_caller_cannot_use_what_only_the_agent_may(make_runtim
 
 
 async def test_tool_rounds_are_bounded(make_runtime, org) -> None:
+    asked = iter(range(100))
+
     def respond(request: ChatRequest) -> ChatResponse | str:
-        return tool_call("current_time") if request.tools else "Enough tools."
+        # A new search each round (a repeated call would be refused before the bound).
+        return (
+            tool_call("memory_search", query=f"q{next(asked)}")
+            if request.tools
+            else "Enough tools."
+        )
 
     model = ScriptedModelClient(responder=respond)
     runtime = await make_runtime(model, max_tool_rounds=2)

@@ -470,6 +470,17 @@ async def test_the_retrieval_tool_goes_through_the_gate_with_citations(
     assert refused.status is ObservationStatus.REFUSED
     other = await dispatcher.invoke(ctx, "knowledge_search", {"query": "x", "collection": "hr"})
     assert other.status is ObservationStatus.ERROR and "not searchable" in other.summary
+    # A collection name a model guessed gets the names there are, not an empty result.
+    everything = ToolDispatcher(
+        ToolRegistry([knowledge_search_tool(service)]), AccessControlService(), store, Settings()
+    )
+    guessed = await everything.invoke(
+        ctx, "knowledge_search", {"query": "install", "collection": "manuals"}
+    )
+    assert guessed.status is ObservationStatus.ERROR
+    assert "no published collection 'manuals'" in guessed.summary and "docs" in guessed.summary
+    named = await everything.invoke(ctx, "knowledge_search", {"query": "pip", "collection": "docs"})
+    assert named.status is ObservationStatus.OK and named.output["hits"]
     rows_ = await store.audit_rows(org)
     assert {r["action_type"] for r in rows_} == {"RETRIEVAL"}
 

@@ -66,6 +66,9 @@ class Gate:
         if "scores" in props:
             n = int(props["scores"].get("maxItems", 1))
             return json.dumps({"scores": [5] * n})
+        if "best" in props:
+            listed = props["best"]["enum"]
+            return json.dumps({"assessments": ["ok"] * len(listed), "best": listed[0]})
         if "importance" in props:
             return json.dumps({"importance": 3})
         if "facts" in props:

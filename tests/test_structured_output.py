@@ -28,6 +28,7 @@ from cortex_ray import (
     Turn,
 )
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
+from cortex_ray.decide._answers import placeholder_note, placeholders
 from cortex_ray.models import (
     ChatMessage,
     ChatRequest,
@@ -244,7 +245,9 @@ def test_the_interactive_action_space_leaves_out_the_reply_but_keeps_the_tools()
     chat = composer.action_space_block(chat_wm("hi"))
     assert "- current_time:" in chat and "- reply:" not in chat
     alone = working_memory(AgentMode.AUTONOMOUS, action_space=chat_wm("hi").action_space)
-    assert "- reply:" in composer.action_space_block(alone)  # only a conversation drops it
+    assert "- reply(message: string):" in composer.action_space_block(
+        alone
+    )  # only a conversation drops it
 
 
 # --- 4. a reply cut at the token limit on the tools route ------------------------------------
@@ -357,3 +360,59 @@ def test_the_core_sends_stop_to_openai_compatible_servers() -> None:
     assert "stop" not in ChatRequest(messages=request.messages).to_openai(
         "m", default_temperature=0.0, default_max_tokens=8
     )
+
+
+def test_a_tool_name_in_brackets_is_a_placeholder_and_other_brackets_are_not() -> None:
+    tools = ["current_time", "memory_search"]
+    assert placeholders("The time is [current_time].", tools) == ["[current_time]"]
+    assert placeholders("It is {current time} now <memory-search>", tools) == [
+        "{current time}",
+        "<memory-search>",
+    ]
+    assert placeholders("See [1] and [sic], {x: 1}, <b>bold</b>", tools) == []
+    # Template slots without a tool's name: a short lower-case phrase in brackets or braces.
+    assert placeholders("It is [current date and time].", tools) == ["[current date and time]"]
+    assert placeholders("Hello {name}, see [insert link].", ()) == ["{name}", "[insert link]"]
+    # ... but not code, citations, notes or upper-case tags.
+    for text in ("x = array[index]", 'f"{value}"', "[Note: checked]", "2026-12-01 [UTC]"):
+        assert placeholders(text, tools) == [], text
+    assert placeholders("{{anything}}", ()) == ["{{anything}}"]
+    note = placeholder_note(["[current_time]"], tools)
+    assert "call the tool current_time first" in note
+    # A slot that names no tool but holds all the words of one points at it.
+    note = placeholder_note(["[insert current date and time]"], tools)
+    assert "call the tool current_time first" in note
+    assert "call the tool" not in placeholder_note(["[your name]"], tools)
+
+
+async def test_a_result_or_a_fact_holding_a_bracketed_tool_name_is_refused() -> None:
+    remember = ToolSpec(
+        name="remember_fact",
+        description="Store a fact.",
+        parameters={
+            "type": "object",
+            "properties": {"subject": {"type": "string"}, "fact": {"type": "string"}},
+            "required": ["subject", "fact"],
+            "additionalProperties": False,
+        },
+        action_type=ActionType.LEARNING,
+    )
+    stored_placeholder = json.dumps(
+        {
+            "candidates": [
+                {
+                    "tool": "remember_fact",
+                    "args": {"subject": "time", "fact": "It is [current_time]."},
+                    "rationale": "r",
+                },
+                {"finish": True, "message": "The time is [current_time].", "rationale": "r"},
+            ]
+        }
+    )
+    call_time = {"candidates": [{"tool": "current_time", "args": {}, "rationale": "r"}]}
+    model = ScriptedModelClient([stored_placeholder, json.dumps(call_time)])
+    wm = working_memory(AgentMode.AUTONOMOUS, action_space=(TIME, remember), max_steps=4)
+    decision = await AutonomousDriver(model, PromptComposer(), Settings()).decide(wm)
+    assert decision.action is not None and decision.action.tool == "current_time"
+    note = model.requests[1].messages[-1].content or ""
+    assert "fact: Your answer contained [current_time]" in note

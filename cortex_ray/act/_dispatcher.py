@@ -193,7 +193,11 @@ class ToolDispatcher:
                 raise
             duration_ms = (time.perf_counter() - started) * 1000
             observation = observation.model_copy(
-                update={"duration_ms": duration_ms, "step_index": ctx.step_index}
+                update={
+                    "duration_ms": duration_ms,
+                    "step_index": ctx.step_index,
+                    "args": args if isinstance(args, dict) else {},
+                }
             )
             span.set_attribute("cortex.status", observation.status.value)
         log.info(

@@ -36,9 +36,19 @@ async def _reply(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> list[dict[str, Any]]:
+    k = args.get("k", 5)
+    # The run's own steps are its progress already: finding them again (and each quoting
+    # what the earlier searches found) is what made small models search in a loop.
+    run = ctx.run_id
+    own = (ctx.step_index or 0) if run is not None else 0  # at most one memory per step
     hits = await _memory(ctx).recall(
-        org_id=ctx.org_id, agent_id=ctx.agent.id, query=args["query"], k=args.get("k", 5)
+        org_id=ctx.org_id, agent_id=ctx.agent.id, query=args["query"], k=k + own
     )
+    if run is not None:
+        hits = [
+            h for h in hits if h.memory.run_id != run or h.memory.kind is not MemoryKind.EPISODIC
+        ]
+    hits = hits[:k]
     return [
         {
             "kind": h.memory.kind.value,

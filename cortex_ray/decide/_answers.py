@@ -2,25 +2,57 @@
 
 Small models copy the shape of their prompt into the answer: a lead-in written twice ("The
 final answer is: The final answer is: 42") and template placeholders nobody renders
-("It's currently {{current_time}}."). A repeated lead-in is collapsed (the answer is still
-there); a placeholder is refused, since it stands where a value should be: the drivers
-ask once more, naming the tool that gives the value when there is one.
+("It's currently {{current_time}}.", "The time is [current_time]."). A repeated lead-in is
+collapsed (the answer is still there); a placeholder is refused, since it stands where a
+value should be: the drivers ask once more, naming the tool that gives the value when there
+is one. A placeholder is ``{{anything}}``; a tool's name in single brackets, braces or
+angle brackets (``[current_time]``, ``{current time}``, ``<current_time>``); or a short
+lower-case phrase in square brackets or braces (``[current date and time]``, ``{date}``,
+``[insert name]``), the template slots small models write where a value belongs. Ordinary
+bracketed text ("[1]", "[sic]", "[Note: ...]", ``{"a": 1}``) is left alone.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Iterable
 
-__all__ = ["collapse_lead_in", "placeholder_note", "placeholders"]
+__all__ = ["collapse_lead_in", "placeholder_note", "placeholders", "unsupported_values"]
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([^{}]{0,80}?)\s*\}\}")
+_BRACKETED = re.compile(r"[\[{<]\s*([A-Za-z][\w .-]{0,60}?)\s*[\]}>]")
+# "[current date and time]", "{date}": one to six lower-case words, nothing else.
+# Not right after a name or a closing bracket: ``array[index]``, ``f"{value}"`` in code.
+_SLOT = re.compile(
+    r"(?<![\w\])}\"'$])(?:\[\s*([a-z][a-z_]+(?:[ -][a-z_]+){0,5})\s*\]"
+    r"|\{\s*([a-z][a-z_]+(?: [a-z_]+){0,5})\s*\})"
+)
+_NOT_SLOTS = frozenset({"sic", "citation needed", "sic passim", "emphasis added", "sic erat"})
 _LEAD_IN = re.compile(r"\s*([^\n:]{1,80}:)\s*")
 
 
-def placeholders(text: str) -> list[str]:
-    """The ``{{...}}`` placeholders in ``text``, as written."""
-    return [m.group(0) for m in _PLACEHOLDER.finditer(text)]
+def _tool_key(name: str) -> str:
+    return re.sub(r"[\s.-]+", "_", name.strip().casefold())
+
+
+def placeholders(text: str, tools: Iterable[str] = ()) -> list[str]:
+    """The placeholders in ``text``, as written: every ``{{...}}``, and a name of one of
+    ``tools`` in single brackets, braces or angle brackets."""
+    found = [m.group(0) for m in _PLACEHOLDER.finditer(text)]
+    rest = _PLACEHOLDER.sub(" ", text)
+    keys = {_tool_key(t) for t in tools}
+    if keys:
+        found += [m.group(0) for m in _BRACKETED.finditer(rest) if _tool_key(m.group(1)) in keys]
+    for m in _SLOT.finditer(rest):
+        if m.group(0) not in found and (m.group(1) or m.group(2) or "") not in _NOT_SLOTS:
+            found.append(m.group(0))
+    return found
+
+
+def _named(placeholder: str) -> str:
+    inner = placeholder.strip("{}[]<> ")
+    return _tool_key(inner)
 
 
 def collapse_lead_in(text: str) -> str:
@@ -39,8 +71,12 @@ def collapse_lead_in(text: str) -> str:
 
 def placeholder_note(found: list[str], tools: Iterable[str]) -> str:
     """What the model is told when its answer holds ``found`` placeholders."""
-    names = {m.group(1).strip() for p in found if (m := _PLACEHOLDER.match(p))}
-    callable_ = sorted(names & set(tools))
+    by_key = {_tool_key(t): t for t in tools}
+    named = {by_key[k] for p in found if (k := _named(p)) in by_key}
+    # "[insert current date and time]" names no tool, but holds every word of current_time.
+    words = {w for p in found for w in re.findall(r"[a-z]+", p.casefold())}
+    named |= {t for k, t in by_key.items() if set(k.split("_")) <= words}
+    callable_ = sorted(named)
     what = ", ".join(found)
     if callable_:
         how = f"To get that value, call the tool {' or '.join(callable_)} first."
@@ -50,3 +86,65 @@ def placeholder_note(found: list[str], tools: Iterable[str]) -> str:
         f"Your answer contained {what}: a placeholder that nothing fills in, so the person "
         f"would see it as written. {how}"
     )
+
+
+_NUMBER = re.compile(r"\d+(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
+
+
+def _values(text: str) -> list[tuple[str, float, int]]:
+    """Each number of ``text``: as written, its value, its decimals ("1,000.50" → 1000.5, 2)."""
+    out = []
+    for raw in _NUMBER.findall(text):
+        plain = raw.replace(",", "")
+        decimals = len(plain.split(".")[1]) if "." in plain else 0
+        out.append((raw, float(plain), decimals))
+    return out
+
+
+_PROPER = re.compile(r"\b[A-Z][a-z]{2,}\b")
+_ISO_DATE = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})")
+_NAMES = re.compile(
+    r"\b(Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday|January|February|March|"
+    r"April|May|June|July|August|September|October|November|December)\b"
+)
+
+
+def unsupported_values(answer: str, evidence: Iterable[str]) -> list[str]:
+    """The numbers, day names and month names of ``answer`` that appear in none of
+    ``evidence`` (the objective, the results observed, the memories recalled), numbers even
+    rounded: values the model made up rather than read ("Today is Wednesday" when
+    ``current_time`` said Tuesday); and capitalised names inside a sentence that no evidence
+    holds ("The observatory is in Las Vegas" when the search found nothing).
+
+    A deterministic check, not a model's opinion: "The result of (17 * 23) + 4 is 82." before
+    any calculation has 82 unsupported; "It is 15:02 UTC on 2026-12-01" after
+    ``current_time`` returned "2026-12-01T15:02:11+00:00" has none, and "26.1 miles" is
+    supported by a result of 26.0976 (a rounding of it)."""
+    texts = list(evidence)
+    seen = [value for text in texts for _, value, _ in _values(text)]
+    names = {n.casefold() for text in texts for n in _NAMES.findall(text)}
+    for text in texts:  # a date names its month and weekday: 2026-12-01 → December, Tuesday
+        for y, m, d in _ISO_DATE.findall(text):
+            try:
+                day = datetime.date(int(y), int(m), int(d))
+            except ValueError:
+                continue
+            names |= {day.strftime("%B").casefold(), day.strftime("%A").casefold()}
+    missing: list[str] = [
+        n for n in dict.fromkeys(_NAMES.findall(answer)) if n.casefold() not in names
+    ]
+    # Proper names inside a sentence ("located in Las Vegas") that nothing gave.
+    words = {w.casefold() for text in texts for w in re.findall(r"[A-Za-z]+", text)}
+    for m in _PROPER.finditer(answer):
+        name = m.group(0)
+        before = answer[: m.start()].rstrip()
+        if not before or before[-1] in ".!?:\"'(" or _NAMES.fullmatch(name):
+            continue  # a sentence starts here, or a day/month name (checked above)
+        if name.casefold() not in words and name not in missing:
+            missing.append(name)
+    for raw, value, decimals in _values(answer):
+        step = 10.0**-decimals
+        supported = any(abs(round(e, decimals) - value) < step / 2 for e in seen)
+        if not supported and raw not in missing:
+            missing.append(raw)
+    return missing

@@ -6,14 +6,30 @@
 - Every candidate is validated again here (unconstrained backends can still produce
   anything); invalid ones are recorded, never selected. If none is valid after the bounded
   retries, the run ends safely (FAILED, recorded, nothing executed).
-- Scores come from a second structured call. With one valid candidate the scoring call is
-  skipped (its score would not change the choice). If scoring fails after its retries, the
-  planner's own order is kept. Ties go to the earlier proposal.
+- A candidate that repeats a call already made in this run, with the same arguments, is
+  flagged (``Candidate.repeats``, the step that made it). When every valid candidate is a
+  repeat, the planner is asked once more, told which calls it repeated; a repeat is selected
+  only when no other valid candidate exists.
+- The evaluation is a second structured call over the candidates that can be selected
+  (skipped when there is one: it would not change the choice). ``evaluation="choice"`` (the
+  default): a few words on each candidate, then the number of the best one (the chosen one
+  scores 10, the others 0); ``"scores"``: a 0-10 score each, argmax, ties to the earlier
+  proposal. Measured on the agent benchmark, small models give every candidate the same
+  score or number them in order, and pick well when asked to choose (docs/benchmarks.md).
+  Scores that carry no judgement (all equal, or following the proposal order in equal
+  steps over three or more candidates: 1, 2, 3 or 9, 8, 7) are not used: the planner's
+  order is kept, and the step log says so; so is it when the evaluation fails.
+- Once the run has observations the proposal says first what part of the objective
+  remains; when nothing does, the step finishes (with the proposed answer, or one asked for
+  alone).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
+import re
 from typing import Any
 
 import jsonschema
@@ -29,16 +45,22 @@ from cortex_ray._types import (
     ToolSpec,
     WorkingMemory,
 )
-from cortex_ray.decide._answers import collapse_lead_in, placeholder_note, placeholders
+from cortex_ray.decide._answers import (
+    collapse_lead_in,
+    placeholder_note,
+    placeholders,
+    unsupported_values,
+)
+from cortex_ray.decide._critic import Critic
 from cortex_ray.models import ModelClient, structured_call
-from cortex_ray.perceive import PromptComposer
+from cortex_ray.perceive import PromptComposer, is_answer_part, objective_parts, repeat_of
 
-__all__ = ["NO_MODEL_REASON", "AutonomousDriver"]
+__all__ = ["NO_MODEL_REASON", "AutonomousDriver", "no_judgement", "nothing_left"]
 
 log = logging.getLogger("cortex_ray.decide")
 
 NO_MODEL_REASON = (
-    "no model configured: set CORTEX_MODEL_BACKEND=local (packaged SmolLM2) or "
+    "no model configured: set CORTEX_MODEL_BACKEND=local (the packaged CORTEX_MODEL_NAME) or "
     "CORTEX_MODEL_BACKEND=openai with CORTEX_MODEL_URL"
 )
 
@@ -48,7 +70,18 @@ NO_MODEL_REASON = (
 RATIONALE_CHARS = 200
 
 
-def proposal_schema(tools: tuple[ToolSpec, ...], k: int) -> dict[str, Any]:
+# What the planner says is still to do, before it proposes (once it has observations):
+# bounded like a rationale.
+REMAINING_CHARS = 160
+
+
+def proposal_schema(
+    tools: tuple[ToolSpec, ...], k: int, *, remaining: bool = False, parts: int = 0
+) -> dict[str, Any]:
+    """``{"candidates": [...]}``; with ``remaining``, a ``"remaining"`` string comes first:
+    what part of the objective is not done yet. Constrained decoding writes properties in
+    the schema's order, so the model states what is left before it proposes (issue 14:
+    without it, small models kept calling tools after the objective was met)."""
     options: list[dict[str, Any]] = [
         {
             "type": "object",
@@ -62,31 +95,98 @@ def proposal_schema(tools: tuple[ToolSpec, ...], k: int) -> dict[str, Any]:
         }
         for t in tools
     ]
-    options.append(
-        {
-            "type": "object",
-            "properties": {
-                "finish": {"const": True},
-                "message": {"type": "string"},
-                "rationale": {"type": "string", "maxLength": RATIONALE_CHARS},
-            },
-            "required": ["finish", "message", "rationale"],
-            "additionalProperties": False,
+    options.append(_finish_option())
+    properties: dict[str, Any] = {}
+    if parts:
+        # The objective's checklist: one true/false per part, in order.
+        properties["done"] = {
+            "type": "array",
+            "items": {"type": "boolean"},
+            "minItems": parts,
+            "maxItems": parts,
         }
-    )
+    elif remaining:
+        properties["remaining"] = {"type": "string", "maxLength": REMAINING_CHARS}
+    properties["candidates"] = {
+        "type": "array",
+        "items": {"anyOf": options},
+        "minItems": 1,
+        "maxItems": k,
+    }
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+# One assessment per candidate in choice mode: a few words, bounded like a rationale.
+ASSESSMENT_CHARS = 120
+
+
+def choice_schema(listed: list[Candidate]) -> dict[str, Any]:
+    """A few words on each listed candidate (in order), then the number of the best one.
+    The assessments come first so that the choice is made after them."""
+    n = len(listed)
     return {
         "type": "object",
         "properties": {
-            "candidates": {
+            "assessments": {
                 "type": "array",
-                "items": {"anyOf": options},
-                "minItems": 1,
-                "maxItems": k,
-            }
+                "items": {"type": "string", "maxLength": ASSESSMENT_CHARS},
+                "minItems": n,
+                "maxItems": n,
+            },
+            "best": {"enum": [c.index for c in listed]},
         },
-        "required": ["candidates"],
+        "required": ["assessments", "best"],
         "additionalProperties": False,
     }
+
+
+def parse_choice(raw: Any, listed: list[Candidate]) -> tuple[int, dict[int, str]]:
+    """The chosen candidate's index and each listed candidate's assessment."""
+    if not isinstance(raw, dict):
+        raise ValueError('expected {"assessments": [...], "best": N}')
+    best = raw.get("best")
+    indices = [c.index for c in listed]
+    if isinstance(best, bool) or best not in indices:
+        raise ValueError(f"best must be one of {indices}, got {best!r}")
+    said = raw.get("assessments")
+    words = [str(a)[:ASSESSMENT_CHARS] for a in said] if isinstance(said, list) else []
+    return int(best), dict(zip(indices, words, strict=False))
+
+
+def _finish_option() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "finish": {"const": True},
+            "message": {"type": "string"},
+            "rationale": {"type": "string", "maxLength": RATIONALE_CHARS},
+        },
+        "required": ["finish", "message", "rationale"],
+        "additionalProperties": False,
+    }
+
+
+def finish_schema() -> dict[str, Any]:
+    """A finish alone: the final answer once the planner said nothing remains."""
+    return _finish_option()
+
+
+_NOTHING = re.compile(
+    r"^(nothing(?! but)|none(?! of)|no ?thing|n/?a|-+|no (part|step|action)s?|"
+    r"all (parts )?(are )?done|every(thing| part) (is )?done|"
+    r"the objective is (met|done|complete))\b"
+)
+
+
+def nothing_left(remaining: str) -> bool:
+    """Whether the planner's "remaining" says every part of the objective is done."""
+    text = remaining.strip().strip(".!\"'").casefold()
+    return bool(_NOTHING.match(text))
 
 
 def score_schema(n: int) -> dict[str, Any]:
@@ -129,7 +229,25 @@ def parse_candidates(raw: Any, tools: tuple[ToolSpec, ...], k: int) -> list[Cand
         raise ValueError('expected {"candidates": [...]}')
     by_name = {t.name: t for t in tools}
     out: list[Candidate] = []
+    seen: dict[str, int] = {}
     for i, item in enumerate(raw["candidates"][:k]):
+        if isinstance(item, dict):
+            # The same idea proposed twice is one candidate: scoring copies says nothing.
+            key = json.dumps(
+                {f: item.get(f) for f in ("tool", "args", "finish", "message")}, sort_keys=True
+            )
+            if key in seen:
+                out.append(
+                    Candidate(
+                        index=i,
+                        kind="finish" if item.get("finish") is True else "tool",
+                        tool=item.get("tool") if isinstance(item.get("tool"), str) else None,
+                        valid=False,
+                        invalid_reason=f"the same as candidate {seen[key]}",
+                    )
+                )
+                continue
+            seen[key] = i
         if not isinstance(item, dict):
             out.append(Candidate(index=i, kind="tool", valid=False, invalid_reason="not an object"))
             continue
@@ -139,7 +257,7 @@ def parse_candidates(raw: Any, tools: tuple[ToolSpec, ...], k: int) -> list[Cand
             why: str | None = None
             if isinstance(message, str) and message.strip():
                 message = collapse_lead_in(message.strip())
-                if found := placeholders(message):
+                if found := placeholders(message, by_name):
                     why = placeholder_note(found, by_name)
             else:
                 why = "finish without a message"
@@ -165,6 +283,10 @@ def parse_candidates(raw: Any, tools: tuple[ToolSpec, ...], k: int) -> list[Cand
             error = next(iter(_validator(by_name[name].parameters).iter_errors(args)), None)
             if error is not None:
                 reason = f"invalid arguments: {error.message}"
+            elif held := _held_placeholders(args, by_name):
+                # "remember_fact(fact='It is [current_time].')" would store the placeholder.
+                key, found = held
+                reason = f"invalid arguments: {key}: " + placeholder_note(found, by_name)
         out.append(
             Candidate(
                 index=i,
@@ -182,6 +304,18 @@ def parse_candidates(raw: Any, tools: tuple[ToolSpec, ...], k: int) -> list[Cand
     return out
 
 
+def _held_placeholders(
+    args: dict[str, Any], tools: dict[str, ToolSpec]
+) -> tuple[str, list[str]] | None:
+    """The first argument whose text holds a placeholder, and the placeholders."""
+    for key, value in args.items():
+        texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        for text in texts:
+            if isinstance(text, str) and (found := placeholders(text, tools)):
+                return key, found
+    return None
+
+
 def parse_scores(raw: Any, listed: list[Candidate]) -> dict[int, float]:
     """Candidate index → score, from scores given in the order ``listed``."""
     if not isinstance(raw, dict) or not isinstance(raw.get("scores"), list):
@@ -197,30 +331,132 @@ def parse_scores(raw: Any, listed: list[Candidate]) -> dict[int, float]:
     return scores
 
 
+def no_judgement(scores: list[float]) -> str | None:
+    """Why scores given in proposal order carry no judgement, or None when they might.
+
+    All equal; or, over three or more candidates, equal non-zero steps in the order they
+    were listed (1, 2, 3 / 9, 8, 7): what a small model does when it numbers the list
+    instead of judging it (issue 14)."""
+    shown = ", ".join(f"{s:g}" for s in scores)
+    if len(scores) >= 2 and len(set(scores)) == 1:
+        return f"every candidate scored {scores[0]:g}"
+    if len(scores) >= 3:
+        steps = {round(b - a, 6) for a, b in itertools.pairwise(scores)}
+        if len(steps) == 1 and 0 not in steps:
+            return f"scores follow the proposal order ({shown})"
+    return None
+
+
+def _unsupported_note(c: Candidate) -> str:
+    return f"the answer's {', '.join(c.unsupported)} appear in no result, memory or the goal"
+
+
+def _evidence(wm: WorkingMemory) -> list[str]:
+    """What an answer's values may come from: the objective, the results, the memories."""
+    return [
+        wm.objective,
+        *(o.summary for o in wm.observations),
+        *(o.output if isinstance(o.output, str) else "" for o in wm.observations),
+        *(hit.memory.content for hit in wm.snapshot.recalled),
+    ]
+
+
 class AutonomousDriver:
     """DECIDE for autonomous agents (see the module docstring)."""
 
     def __init__(
-        self, model: ModelClient | None, composer: PromptComposer, settings: Settings
+        self,
+        model: ModelClient | None,
+        composer: PromptComposer,
+        settings: Settings,
+        *,
+        critic: Critic | None = None,
     ) -> None:
         self.model = model
         self.composer = composer
         self.settings = settings
+        self.critic = critic
+
+    async def _propose(
+        self, model: ModelClient, wm: WorkingMemory, prompt: list[Any], k: int
+    ) -> tuple[list[Candidate], str]:
+        """The candidates (repeats flagged) and what the planner said remains to do."""
+        tools = wm.action_space
+        remaining = bool(wm.observations)
+        parts = objective_parts(wm.objective) if remaining else []
+
+        def validate(raw: Any) -> tuple[list[Candidate], str]:
+            candidates = parse_candidates(raw, tools, k)
+            if parts:
+                done = raw.get("done") if isinstance(raw, dict) else None
+                marks = done if isinstance(done, list) else []
+                left = [
+                    p
+                    for i, p in enumerate(parts)
+                    if not (i < len(marks) and marks[i] is True) and not is_answer_part(p)
+                ]
+                return candidates, "; ".join(left) if left else "nothing"
+            said = raw.get("remaining") if remaining and isinstance(raw, dict) else None
+            return candidates, said if isinstance(said, str) else ""
+
+        candidates, left = await structured_call(
+            model,
+            prompt,
+            schema=proposal_schema(tools, k, remaining=remaining, parts=len(parts)),
+            validate=validate,
+            schema_name="proposals",
+            retries=self.settings.structured_retries,
+        )
+        evidence = _evidence(wm)
+        flagged = [
+            c.model_copy(update={"repeats": repeat_of(wm.observations, c.tool, c.args)})
+            if c.valid and c.kind == "tool"
+            else c.model_copy(
+                update={"unsupported": tuple(unsupported_values(c.message or "", evidence))}
+            )
+            if c.valid and c.kind == "finish"
+            else c
+            for c in candidates
+        ]
+        return flagged, left.strip()[:REMAINING_CHARS]
+
+    async def _final_answer(
+        self, model: ModelClient, wm: WorkingMemory, *, index: int
+    ) -> Candidate | None:
+        """A finish asked for on its own (the only shape the schema admits), or None."""
+        tools = wm.action_space
+
+        evidence = _evidence(wm)
+
+        def validate(raw: Any) -> Candidate:
+            (c,) = parse_candidates({"candidates": [raw]}, tools, 1)
+            unsupported = tuple(unsupported_values(c.message or "", evidence))
+            return c.model_copy(update={"index": index, "unsupported": unsupported})
+
+        try:
+            return await structured_call(
+                model,
+                self.composer.render_final_answer(wm),
+                schema=finish_schema(),
+                validate=validate,
+                schema_name="final_answer",
+                retries=self.settings.structured_retries,
+            )
+        except ModelError as exc:
+            log.info("asking for the final answer failed: %s", exc)
+            return None
 
     async def decide(self, wm: WorkingMemory) -> Decision:
         if self.model is None:
             return Decision(kind=DecisionKind.FINISH, failed=True, reason=NO_MODEL_REASON)
+        model = self.model
         k = self.settings.candidates
         tools = wm.action_space
+        notes: list[str] = []
         with tracer.start_as_current_span("cortex.decide.propose", attributes={"cortex.k": k}):
             try:
-                candidates = await structured_call(
-                    self.model,
-                    self.composer.render_proposal(wm, k),
-                    schema=proposal_schema(tools, k),
-                    validate=lambda raw: parse_candidates(raw, tools, k),
-                    schema_name="proposals",
-                    retries=self.settings.structured_retries,
+                candidates, remaining = await self._propose(
+                    model, wm, self.composer.render_proposal(wm, k), k
                 )
             except ModelError as exc:
                 return Decision(
@@ -228,33 +464,129 @@ class AutonomousDriver:
                     failed=True,
                     reason=f"the planner produced no valid candidate: {exc}",
                 )
-        valid = [c for c in candidates if c.valid]
-        note = ""
-        if len(valid) > 1:
-            with tracer.start_as_current_span("cortex.decide.evaluate"):
+            if nothing_left(remaining) and not any(
+                c.valid and c.kind == "finish" for c in candidates
+            ):
+                # The planner says the objective is met but proposed no answer (small models
+                # say "nothing" remains and still propose a call: the grammar's first branch
+                # is a tool): ask for the answer alone, and let it compete with the calls.
+                finish = await self._final_answer(model, wm, index=len(candidates))
+                if finish is not None:
+                    candidates.append(finish)
+                    notes.append("nothing remains: asked for the answer")
+            valid = [c for c in candidates if c.valid]
+            if all(c.repeats for c in valid):
+                # Every idea repeats a call whose result the planner already has: most
+                # often the work is done (a small model calls calculate again on the same
+                # expression instead of finishing), so the answer is asked for first.
+                finish = await self._final_answer(model, wm, index=len(candidates))
+                if finish is not None and not finish.unsupported:
+                    candidates.append(finish)
+                    notes.append("every candidate repeats an earlier call: asked for the answer")
+                    valid.append(finish)
+            if all(c.repeats for c in valid):
+                # No answer either: ask once more for other calls, saying which repeated,
+                # with the repeated tools left out of the schema when others remain (told
+                # not to, Qwen 1.5B still searched an empty memory six times running).
+                repeated = {c.tool for c in valid if c.repeats}
+                narrow = tuple(t for t in wm.action_space if t.name not in repeated)
+                asked = wm.model_copy(update={"action_space": narrow}) if narrow else wm
                 try:
-                    scores = await structured_call(
-                        self.model,
-                        self.composer.render_evaluation(wm, valid),
-                        schema=score_schema(len(valid)),
-                        validate=lambda raw: parse_scores(raw, valid),
-                        schema_name="scores",
-                        retries=self.settings.structured_retries,
+                    again, said = await self._propose(
+                        model, asked, self.composer.render_retry_repeats(asked, k, valid), k
                     )
                 except ModelError as exc:
+                    log.info("asking again after repeated calls failed: %s", exc)
+                    again, said = [], ""
+                if any(c.valid and not c.repeats for c in again):
+                    notes.append("every candidate repeated an earlier call; asked again")
+                    candidates, remaining = again, said or remaining
+                else:
+                    notes.append("every candidate repeats an earlier call")
+        valid = [c for c in candidates if c.valid]
+        # A repeat, or an answer with made-up numbers, is chosen only when nothing else
+        # valid was proposed.
+        selectable = [c for c in valid if not c.repeats and not c.unsupported] or valid
+        scores: dict[int, float] = {}
+        assessments: dict[int, str] = {}
+        choice = self.settings.evaluation == "choice"
+        if len(selectable) > 1:
+            with tracer.start_as_current_span(
+                "cortex.decide.evaluate", attributes={"cortex.evaluation": self.settings.evaluation}
+            ):
+                try:
+                    if choice:
+                        best, assessments = await structured_call(
+                            model,
+                            self.composer.render_evaluation(wm, selectable, mode="choice"),
+                            schema=choice_schema(selectable),
+                            validate=lambda raw: parse_choice(raw, selectable),
+                            schema_name="choice",
+                            retries=self.settings.structured_retries,
+                        )
+                        scores = {c.index: 10.0 if c.index == best else 0.0 for c in selectable}
+                    else:
+                        scores = await structured_call(
+                            model,
+                            self.composer.render_evaluation(wm, selectable),
+                            schema=score_schema(len(selectable)),
+                            validate=lambda raw: parse_scores(raw, selectable),
+                            schema_name="scores",
+                            retries=self.settings.structured_retries,
+                        )
+                except ModelError as exc:
                     log.warning("evaluation failed, keeping the planner's order: %s", exc)
-                    scores = {c.index: float(len(valid) - n) for n, c in enumerate(valid)}
-                    note = "evaluation failed; kept the planner's order"
+                    notes.append("evaluation failed; kept the planner's order")
+            if choice and scores:
+                chosen = next(c for c in selectable if scores[c.index] == 10.0)
+                notes.append(f"chosen by the evaluation among {len(selectable)}")
+            elif scores and (why := no_judgement([scores[c.index] for c in selectable])):
+                notes.append(f"{why}: not used, kept the planner's order")
+                chosen = selectable[0]
+            elif scores:
+                # argmax; ties go to the earlier proposal (max keeps the first maximum).
+                chosen = max(selectable, key=lambda c: scores[c.index])
+            else:
+                chosen = selectable[0]
         else:
-            scores = {valid[0].index: 10.0}
-            note = "single valid candidate; not scored"
+            chosen = selectable[0]
+            notes.append("single selectable candidate; not scored")
         candidates = [
-            c.model_copy(update={"score": scores.get(c.index)}) if c.valid else c
+            c.model_copy(
+                update={"score": scores.get(c.index), "assessment": assessments.get(c.index)}
+            )
+            if c.valid
+            else c
             for c in candidates
         ]
-        # argmax; ties go to the earlier proposal (max keeps the first maximum).
-        chosen = max((c for c in candidates if c.valid), key=lambda c: c.score or 0.0)
-        reason = note or f"argmax score {chosen.score:g}"
+        if chosen.repeats:
+            notes.append(f"repeats step {chosen.repeats}")
+        if chosen.unsupported:
+            notes.append(_unsupported_note(chosen))
+        if not notes:
+            notes.append(f"argmax score {scores[chosen.index]:g}")
+        if remaining:
+            notes.insert(0, f"remaining: {remaining}")
+        if chosen.kind == "finish" and wm.critic and self.critic is not None:
+            review = await self.critic.review(wm, chosen.message or "", None)
+            instead = [c for c in selectable if c.kind == "tool"]
+            if review.revise and instead:
+                # Work is left (the critique says so): the step's best call, not the finish.
+                chosen = max(instead, key=lambda c: scores.get(c.index, 0.0))
+                notes.append(f"{review.note()}; acted instead of finishing")
+            else:
+                if review.revise:
+                    review = await self.critic.revised(wm, review, model)
+                notes.append(review.note())
+                if review.revised is not None:
+                    chosen = Candidate(
+                        index=len(candidates),
+                        kind="finish",
+                        message=review.revised,
+                        rationale="revised after the critique",
+                    )
+                    candidates.append(chosen)
+        reason = "; ".join(notes)
         if chosen.kind == "finish":
             return Decision(
                 kind=DecisionKind.FINISH,

@@ -7,6 +7,10 @@ A reply holding an unrendered ``{{placeholder}}`` never reaches the person: the 
 asked once more with a note (naming the tool that gives the value, when one does), and a
 second such reply is refused with the reason. A tool call cut off at the token limit is
 refused too (its arguments are incomplete); a repeated lead-in is said once.
+
+A tool call that repeats one this turn already made, with the same arguments, is not made
+again: its result is in the prompt, so the model is asked for its reply instead, told so
+(small models otherwise call the same tool every round until the round limit).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from cortex_ray._settings import Settings
 from cortex_ray._tracing import tracer
 from cortex_ray._types import AgentAction, Decision, DecisionKind, WorkingMemory
 from cortex_ray.decide._answers import collapse_lead_in, placeholder_note, placeholders
+from cortex_ray.decide._critic import Critic
 from cortex_ray.models import ChatMessage, ChatRequest, ChatResponse, ModelClient
-from cortex_ray.perceive import PromptComposer
+from cortex_ray.perceive import PromptComposer, call_text, repeat_of
 
 __all__ = ["InteractiveDriver"]
 
@@ -28,11 +33,17 @@ class InteractiveDriver:
     """DECIDE for interactive agents: adapts the model's in-turn choice to a ``Decision``."""
 
     def __init__(
-        self, model: ModelClient | None, composer: PromptComposer, settings: Settings
+        self,
+        model: ModelClient | None,
+        composer: PromptComposer,
+        settings: Settings,
+        *,
+        critic: Critic | None = None,
     ) -> None:
         self.model = model
         self.composer = composer
         self.settings = settings
+        self.critic = critic
 
     async def decide(self, wm: WorkingMemory, *, allow_tools: bool = True) -> Decision:
         if self.model is None:
@@ -57,9 +68,10 @@ class InteractiveDriver:
         )
         with tracer.start_as_current_span("cortex.decide.interactive"):
             response = await self.model.chat(request)
-            found = placeholders(response.content or "") if not response.tool_calls else []
+            names = [t.name for t in tools]
+            found = placeholders(response.content or "", names) if not response.tool_calls else []
             if found:  # once more, told why
-                note = placeholder_note(found, (t.name for t in tools))
+                note = placeholder_note(found, names)
                 response = await self.model.chat(
                     request.model_copy(
                         update={
@@ -71,7 +83,54 @@ class InteractiveDriver:
                         }
                     )
                 )
-        return self._decision(wm, response)
+            repeated = self._repeated(wm, response)
+            if repeated is not None:
+                step, text = repeated
+                note = (
+                    f"You already called {text} (call {step}); its result is above and will "
+                    "not change. Answer the person now with what it gave."
+                )
+                response = await self.model.chat(
+                    request.model_copy(
+                        update={
+                            "messages": (*messages, ChatMessage(role="user", content=note)),
+                            "tools": (),
+                        }
+                    )
+                )
+        decision = self._decision(wm, response)
+        if repeated is not None:
+            decision = decision.model_copy(
+                update={
+                    "reason": f"{decision.reason}; a repeated call of {repeated[1]} was not made"
+                }
+            )
+        if (
+            decision.kind is DecisionKind.REPLY
+            and decision.message
+            and wm.critic
+            and self.critic is not None
+        ):
+            review = await self.critic.review(wm, decision.message, self.model)
+            decision = decision.model_copy(
+                update={"message": review.answer, "reason": f"{decision.reason}; {review.note()}"}
+            )
+        return decision
+
+    @staticmethod
+    def _repeated(wm: WorkingMemory, response: ChatResponse) -> tuple[int, str] | None:
+        """The earlier call (its number, its text) that the response's tool call repeats."""
+        if not response.tool_calls or not wm.observations:
+            return None
+        call = response.tool_calls[0]
+        try:
+            args = json.loads(call.arguments or "{}", strict=False)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(args, dict):
+            return None
+        step = repeat_of(wm.observations, call.name, args)
+        return None if step is None else (step, call_text(call.name, args))
 
     @staticmethod
     def _decision(wm: WorkingMemory, response: ChatResponse) -> Decision:
@@ -104,7 +163,7 @@ class InteractiveDriver:
         text = collapse_lead_in((response.content or "").strip())
         if not text:
             return Decision(kind=DecisionKind.REPLY, failed=True, reason="the model said nothing")
-        if found := placeholders(text):
+        if found := placeholders(text, (t.name for t in wm.action_space)):
             return Decision(
                 kind=DecisionKind.REPLY,
                 failed=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cortex_ray._exceptions import AccessDeniedError
+from cortex_ray._exceptions import AccessDeniedError, InvalidRequestError
 from cortex_ray._types import ActionType
 from cortex_ray.act import Tool, ToolContext
 from cortex_ray.knowledge._service import KnowledgeService
@@ -34,6 +34,14 @@ def knowledge_search_tool(
             if allowed is not None and wanted not in allowed:
                 raise AccessDeniedError(f"collection {wanted!r} is not searchable by this tool")
             scope = wanted
+            # A model that guesses a collection name would read "no hits" as "not known":
+            # say which collections there are instead.
+            if not (await service.publication(ctx.org_id, wanted)).generations:
+                published = sorted((await service.publication(ctx.org_id, allowed)).generations)
+                raise InvalidRequestError(
+                    f"no published collection {wanted!r}; search without a collection, or "
+                    f"name one of: {', '.join(published) or '(none published)'}"
+                )
         result = await service.search(
             ctx.org_id, args["query"], collection=scope, k=args.get("k", 5)
         )

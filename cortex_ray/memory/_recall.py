@@ -89,19 +89,25 @@ def visibility(
     return AS_OF, {"valid_at": valid_at, "known_at": known_at}
 
 
-def recall_query(*, with_kinds: bool, visible: sql.Composable) -> sql.Composed:
+def recall_query(
+    *, with_kinds: bool, visible: sql.Composable, without_run: bool = False
+) -> sql.Composed:
     """Candidates (top-N by cosine distance ∪ the N most recent rows) ranked by the score.
 
     The nearest-neighbour branch orders by ``embedding <=> query`` directly so that the
     planner can use the HNSW index; the pool sets ``hnsw.iterative_scan`` so the org,
     agent and visibility filters do not shrink it below N. ``UNION`` de-duplicates a row
     that is both near and recent. Parameters: org_id, agent_id, query, n, k, now, decay,
-    recency_floor, alpha, beta, gamma (and kinds, valid_at, known_at where used).
+    recency_floor, alpha, beta, gamma (and kinds, valid_at, known_at, exclude_run where
+    used). ``without_run`` leaves out the memories of run ``exclude_run`` (a run's own steps
+    are already in its working memory as observations; recalled again they would repeat
+    them, and each would quote what earlier ones recalled).
     """
     kinds = sql.SQL(" AND kind = ANY(%(kinds)s)") if with_kinds else sql.SQL("")
-    where = sql.SQL("org_id = %(org_id)s AND agent_id = %(agent_id)s AND {visible}{kinds}").format(
-        visible=visible, kinds=kinds
-    )
+    run = sql.SQL(" AND run_id IS DISTINCT FROM %(exclude_run)s") if without_run else sql.SQL("")
+    where = sql.SQL(
+        "org_id = %(org_id)s AND agent_id = %(agent_id)s AND {visible}{kinds}{run}"
+    ).format(visible=visible, kinds=kinds, run=run)
     return sql.SQL(
         """
         WITH candidates AS (
@@ -145,10 +151,12 @@ def recall_query(*, with_kinds: bool, visible: sql.Composable) -> sql.Composed:
     )
 
 
-_RECALL_STATEMENTS: dict[tuple[bool, int], tuple[sql.Composable, bytes]] = {}
+_RECALL_STATEMENTS: dict[tuple[bool, bool, int], tuple[sql.Composable, bytes]] = {}
 
 
-def recall_statement(*, with_kinds: bool, visible: sql.Composable) -> bytes:
+def recall_statement(
+    *, with_kinds: bool, visible: sql.Composable, without_run: bool = False
+) -> bytes:
     """:func:`recall_query` for this shape, composed once and kept as bytes.
 
     Every cycle recalls, and composing the statement (~40 µs) then rendering it (~17 µs)
@@ -158,10 +166,11 @@ def recall_statement(*, with_kinds: bool, visible: sql.Composable) -> bytes:
     connection would. Keyed by the visibility clause's identity (``LATEST``, ``AS_OF``);
     the clause is kept with the bytes so that a reused id can never return another's.
     """
-    key = (with_kinds, id(visible))
+    key = (with_kinds, without_run, id(visible))
     cached = _RECALL_STATEMENTS.get(key)
     if cached is None or cached[0] is not visible:
-        cached = (visible, recall_query(with_kinds=with_kinds, visible=visible).as_bytes(None))
+        query = recall_query(with_kinds=with_kinds, visible=visible, without_run=without_run)
+        cached = (visible, query.as_bytes(None))
         _RECALL_STATEMENTS[key] = cached
     return cached[1]
 

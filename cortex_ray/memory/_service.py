@@ -602,6 +602,7 @@ class MemoryService:
         kinds: Sequence[MemoryKind] | None = None,
         valid_at: datetime | None = None,
         known_at: datetime | None = None,
+        exclude_run: UUID | None = None,
     ) -> list[ScoredMemory]:
         """The ``k`` memories that best answer ``query``, by Generative Agents' score.
 
@@ -616,6 +617,7 @@ class MemoryService:
             kinds: Only these kinds (default: all).
             valid_at: Valid time of an as-of read.
             known_at: Record time of an as-of read.
+            exclude_run: Leave out the memories this run wrote (its own steps).
 
         Returns:
             Scored memories, best first; ties go to the most recently recorded.
@@ -625,7 +627,9 @@ class MemoryService:
             return []
         embedding = (await self.embedder.embed([query]))[0]
         visible, params = visibility(valid_at, known_at)
-        statement = recall_statement(with_kinds=kinds is not None, visible=visible)
+        statement = recall_statement(
+            with_kinds=kinds is not None, visible=visible, without_run=exclude_run is not None
+        )
         decay = self.settings.recency_decay_per_hour
         params |= {
             "org_id": org_id,
@@ -644,12 +648,20 @@ class MemoryService:
         }
         if kinds is not None:
             params["kinds"] = [MemoryKind(kind).value for kind in kinds]
+        if exclude_run is not None:
+            params["exclude_run"] = exclude_run
         async with self.db.connection() as conn:  # one statement: one round trip
             cur = await conn.execute(statement, params)
             return [scored_from_row(row) for row in await cur.fetchall()]
 
     async def snapshot(
-        self, *, org_id: str, agent_id: UUID, query: str, k: int | None = None
+        self,
+        *,
+        org_id: str,
+        agent_id: UUID,
+        query: str,
+        k: int | None = None,
+        exclude_run: UUID | None = None,
     ) -> MemorySnapshot:
         """THE long-term-memory read of a decision cycle: the latest memories, recalled once.
 
@@ -661,9 +673,13 @@ class MemoryService:
             agent_id: The agent.
             query: What the cycle is about (the objective or the person's message).
             k: How many memories (default ``settings.recall_k``).
+            exclude_run: The run this cycle belongs to: its own steps are already in
+                working memory as observations, so its memories are not recalled.
         """
         taken_at = utcnow()
-        recalled = await self.recall(org_id=org_id, agent_id=agent_id, query=query, k=k)
+        recalled = await self.recall(
+            org_id=org_id, agent_id=agent_id, query=query, k=k, exclude_run=exclude_run
+        )
         return MemorySnapshot(query=query, recalled=tuple(recalled), taken_at=taken_at)
 
     async def history(self, *, org_id: str, agent_id: UUID, subject: str) -> list[MemoryRecord]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+from uuid import UUID
 
 from cortex_ray._tracing import tracer
 from cortex_ray._types import Agent, AgentMode, Observation, Principal, Turn, WorkingMemory
@@ -46,6 +47,7 @@ class WorkingMemoryAssembler:
         conversation: Sequence[Turn] = (),
         step_index: int = 0,
         max_steps: int | None = None,
+        run_id: UUID | None = None,
     ) -> WorkingMemory:
         with tracer.start_as_current_span(
             "cortex.perceive", attributes={"cortex.mode": mode.value, "cortex.step": step_index}
@@ -55,6 +57,7 @@ class WorkingMemoryAssembler:
                 agent_id=agent.id,
                 query=self.recall_query(objective, observations, conversation),
                 k=self.recall_k,
+                exclude_run=run_id,
             )
             return WorkingMemory(
                 mode=mode,
@@ -74,4 +77,5 @@ class WorkingMemoryAssembler:
                 conversation=tuple(conversation),
                 step_index=step_index,
                 max_steps=max_steps,
+                critic=agent.critic,
             )

@@ -76,6 +76,7 @@ def _agent(row: dict[str, Any]) -> Agent:
         tools=tuple(row["tools"]),
         skills=tuple(row["skills"]),
         grant=_grant(row["grant_policy"]),
+        critic=row["critic"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
@@ -94,6 +95,7 @@ def _step(row: dict[str, Any]) -> Step:
             None if row["observation"] is None else Observation.model_validate(row["observation"])
         ),
         message=row["message"],
+        note=row["note"],
         created_at=row["created_at"],
     )
 
@@ -272,8 +274,8 @@ class Store:
                 cur = await conn.execute(
                     """
                     INSERT INTO agents (org_id, id, name, persona, mode, tools, skills,
-                                        grant_policy, created_at, updated_at)
-                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING *
+                                        grant_policy, critic, created_at, updated_at)
+                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING *
                     """,
                     (
                         agent.org_id,
@@ -284,6 +286,7 @@ class Store:
                         list(agent.tools),
                         list(agent.skills),
                         _grant_json(agent.grant),
+                        agent.critic,
                         agent.created_at,
                         agent.updated_at,
                     ),
@@ -334,7 +337,7 @@ class Store:
         cur = await conn.execute(
             """
             UPDATE agents SET persona = %s, mode = %s, tools = %s, skills = %s,
-                   grant_policy = %s, updated_at = now()
+                   grant_policy = %s, critic = %s, updated_at = now()
             WHERE org_id = %s AND id = %s RETURNING *
             """,
             (
@@ -343,6 +346,7 @@ class Store:
                 list(agent.tools),
                 list(agent.skills),
                 _grant_json(agent.grant),
+                agent.critic,
                 agent.org_id,
                 agent.id,
             ),
@@ -469,8 +473,8 @@ class Store:
         await conn.execute(
             """
             INSERT INTO run_steps (org_id, run_id, step_index, decision, candidates, selected,
-                                   action, action_type, observation, message, created_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                                   action, action_type, observation, message, note, created_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
             """,
             (
                 org_id,
@@ -485,6 +489,7 @@ class Store:
                 if step.observation is None
                 else Jsonb(step.observation.model_dump(mode="json")),
                 step.message,
+                step.note,
                 step.created_at,
             ),
         )
