@@ -645,3 +645,42 @@ async def test_every_part_but_the_answer_done_offers_the_finish() -> None:
     decision = await driver(model, evaluation="choice").decide(checklist_wm(TIME_SEEN))
     assert decision.kind is DecisionKind.FINISH and decision.message == "It is 15:00 UTC."
     assert decision.reason.startswith("remaining: nothing; nothing remains: asked for the answer")
+
+
+async def test_a_call_that_failed_is_a_repeat_too_but_an_interrupted_one_is_not() -> None:
+    failed = observed("memory_search", {"query": "a"}, "error: no such thing", 0).model_copy(
+        update={"status": ObservationStatus.ERROR}
+    )
+    model = ScriptedModelClient([proposals(call("memory_search", query="a"), call("current_time"))])
+    decision = await driver(model).decide(wm(failed))
+    assert decision.candidates[0].repeats == 1
+    assert decision.action is not None and decision.action.tool == "current_time"
+
+    cut = failed.model_copy(update={"summary": "interrupted: the process stopped while …"})
+    model = ScriptedModelClient([proposals(call("memory_search", query="a"))])
+    decision = await driver(model).decide(wm(cut))
+    assert decision.candidates[0].repeats is None  # retried with the same idempotency key
+
+
+async def test_with_parts_left_a_repeat_leads_to_other_calls_not_to_an_answer() -> None:
+    remember = ToolSpec(
+        name="remember_fact",
+        description="Store a fact.",
+        parameters={
+            "type": "object",
+            "properties": {"fact": {"type": "string"}},
+            "required": ["fact"],
+            "additionalProperties": False,
+        },
+        action_type=ActionType.LEARNING,
+    )
+    memory = checklist_wm(TIME_SEEN).model_copy(update={"action_space": (TIME, SEARCH, remember)})
+    model = ScriptedModelClient(
+        [
+            json.dumps({"done": [True, False, False], "candidates": [call("current_time")]}),
+            proposals(call("remember_fact", fact="It is 15:00 UTC.")),
+        ]
+    )
+    decision = await driver(model).decide(memory)
+    assert [r.schema_name for r in model.requests] == ["proposals", "proposals"]
+    assert decision.action is not None and decision.action.tool == "remember_fact"

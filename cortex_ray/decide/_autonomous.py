@@ -475,10 +475,12 @@ class AutonomousDriver:
                     candidates.append(finish)
                     notes.append("nothing remains: asked for the answer")
             valid = [c for c in candidates if c.valid]
-            if all(c.repeats for c in valid):
-                # Every idea repeats a call whose result the planner already has: most
-                # often the work is done (a small model calls calculate again on the same
-                # expression instead of finishing), so the answer is asked for first.
+            if all(c.repeats for c in valid) and (not remaining or nothing_left(remaining)):
+                # Every idea repeats a call whose result the planner already has, and it
+                # names nothing left to do: most often the work is done (a small model
+                # calls calculate again on the same expression instead of finishing), so
+                # the answer is asked for first. With parts left, it is not (the demo
+                # finished with a made-up date, "remember it as a fact" undone).
                 finish = await self._final_answer(model, wm, index=len(candidates))
                 if finish is not None and not finish.unsupported:
                     candidates.append(finish)

@@ -132,11 +132,22 @@ def _call_key(tool: str | None, args: dict[str, Any]) -> str:
     return f"{tool}\x00{json.dumps(args, sort_keys=True, ensure_ascii=False)}"
 
 
+# A call that ended so is settled: made again with the same arguments it gives the same
+# (an error such as "no published collection 'science'" too); a timeout may not.
+_SETTLED = frozenset({"OK", "ERROR", "REFUSED"})
+
+
+def _settled(obs: Observation) -> bool:
+    # An interrupted step (the process died while it ran) may be retried with its key.
+    return obs.status.value in _SETTLED and not obs.summary.startswith("interrupted:")
+
+
 def repeated_calls(observations: Sequence[Observation]) -> dict[str, int]:
-    """Each call that succeeded so far → the step number (1-based) that first made it."""
+    """Each call settled so far (done, failed or refused, not timed out or interrupted) →
+    the step number (1-based) that first made it."""
     first: dict[str, int] = {}
     for n, obs in enumerate(observations, start=1):
-        if obs.status.value == "OK":
+        if _settled(obs):
             first.setdefault(_call_key(obs.tool, obs.args), n)
     return first
 
@@ -226,7 +237,7 @@ class PromptComposer:
             if i < last and len(summary) > self.earlier_chars:
                 summary = summary[: self.earlier_chars - 1] + "…"
             again = f" (the same call as step {seen[key]})" if key in seen else ""
-            if obs.status.value == "OK":
+            if _settled(obs):
                 seen.setdefault(key, i)
             lines.append(
                 f"{i}. {call_text(obs.tool, obs.args)} [{obs.action_type.value}] "
