@@ -493,8 +493,9 @@ async def run_task(
         log.append(f"reply: {answer[:160]}")
         failed = None if turn.reply else f"refused: {turn.refused}"
     seconds = time.perf_counter() - t0
+    # A fact is its subject and its content ("orion project": "launch date: 2027-03-14").
     facts = [
-        m.content
+        f"{m.subject}: {m.content}" if m.subject else m.content
         for m in await runtime.memory.facts(org_id=org, agent_id=agent.id)
         if m.kind is MemoryKind.SEMANTIC and m.recorded_at >= started
     ]
