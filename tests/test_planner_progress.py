@@ -684,3 +684,42 @@ async def test_with_parts_left_a_repeat_leads_to_other_calls_not_to_an_answer() 
     decision = await driver(model).decide(memory)
     assert [r.schema_name for r in model.requests] == ["proposals", "proposals"]
     assert decision.action is not None and decision.action.tool == "remember_fact"
+
+
+async def test_repeats_narrow_the_tools_step_by_step_until_something_new_comes() -> None:
+    remember = ToolSpec(
+        name="remember_fact",
+        description="Store a fact.",
+        parameters={
+            "type": "object",
+            "properties": {"fact": {"type": "string"}},
+            "required": ["fact"],
+            "additionalProperties": False,
+        },
+        action_type=ActionType.LEARNING,
+    )
+    searched = observed("memory_search", {"query": "time"}, "[]", 0)
+    memory = checklist_wm(searched, TIME_SEEN).model_copy(
+        update={"action_space": (TIME, SEARCH, remember)}
+    )
+    model = ScriptedModelClient(
+        [
+            json.dumps(
+                {"done": [True, False, False], "candidates": [call("memory_search", query="time")]}
+            ),
+            proposals(call("current_time")),  # without memory_search: another repeat
+            proposals(call("remember_fact", fact="It is 15:00 UTC.")),  # without both
+        ]
+    )
+    decision = await driver(model).decide(memory)
+    assert decision.action is not None and decision.action.tool == "remember_fact"
+    assert "asked again without current_time, memory_search" in decision.reason
+
+    def offered(i: int) -> set[str]:
+        schema = model.requests[i].response_schema
+        assert schema is not None
+        items = schema["properties"]["candidates"]["items"]["anyOf"]
+        return {o["properties"]["tool"]["const"] for o in items if "tool" in o["properties"]}
+
+    assert offered(1) == {"current_time", "remember_fact"}
+    assert offered(2) == {"remember_fact"}

@@ -487,23 +487,40 @@ class AutonomousDriver:
                     notes.append("every candidate repeats an earlier call: asked for the answer")
                     valid.append(finish)
             if all(c.repeats for c in valid):
-                # No answer either: ask once more for other calls, saying which repeated,
-                # with the repeated tools left out of the schema when others remain (told
-                # not to, Qwen 1.5B still searched an empty memory six times running).
-                repeated = {c.tool for c in valid if c.repeats}
-                narrow = tuple(t for t in wm.action_space if t.name not in repeated)
-                asked = wm.model_copy(update={"action_space": narrow}) if narrow else wm
-                try:
-                    again, said = await self._propose(
-                        model, asked, self.composer.render_retry_repeats(asked, k, valid), k
-                    )
-                except ModelError as exc:
-                    log.info("asking again after repeated calls failed: %s", exc)
-                    again, said = [], ""
-                if any(c.valid and not c.repeats for c in again):
-                    notes.append("every candidate repeated an earlier call; asked again")
-                    candidates, remaining = again, said or remaining
-                else:
+                # No answer either: ask again for other calls, saying which repeated, with
+                # the repeated tools left out of the schema, and again without the next
+                # ones while tools remain (told not to, Qwen 1.5B still searched an empty
+                # memory six times running, or went from memory_search to current_time and
+                # back, never to the remember_fact the objective asked for).
+                repeated: set[str | None] = set()
+                shown = valid
+                found = False
+                asked = wm
+                while True:
+                    repeated |= {c.tool for c in shown if c.repeats}
+                    narrow = tuple(t for t in wm.action_space if t.name not in repeated)
+                    if not narrow:
+                        break
+                    asked = wm.model_copy(update={"action_space": narrow})
+                    try:
+                        again, said = await self._propose(
+                            model, asked, self.composer.render_retry_repeats(asked, k, shown), k
+                        )
+                    except ModelError as exc:
+                        log.info("asking again after repeated calls failed: %s", exc)
+                        break
+                    if any(c.valid and not c.repeats for c in again):
+                        notes.append(
+                            "every candidate repeated an earlier call; asked again without "
+                            + ", ".join(sorted(str(t) for t in repeated))
+                        )
+                        candidates, remaining = again, said or remaining
+                        found = True
+                        break
+                    shown = [c for c in again if c.valid] or shown
+                    if not any(c.repeats and c.tool not in repeated for c in shown):
+                        break
+                if not found:
                     notes.append("every candidate repeats an earlier call")
         valid = [c for c in candidates if c.valid]
         # A repeat, or an answer with made-up numbers, is chosen only when nothing else
