@@ -56,6 +56,17 @@ SEARCH = ToolSpec(
     },
     action_type=ActionType.RETRIEVAL,
 )
+REMEMBER = ToolSpec(
+    name="remember_fact",
+    description="Store a fact.",
+    parameters={
+        "type": "object",
+        "properties": {"fact": {"type": "string"}},
+        "required": ["fact"],
+        "additionalProperties": False,
+    },
+    action_type=ActionType.LEARNING,
+)
 NOW = datetime(2026, 12, 1, 15, 0, tzinfo=UTC)
 
 
@@ -192,17 +203,24 @@ async def test_when_every_candidate_repeats_the_answer_is_asked_for() -> None:
 
 
 async def test_with_no_usable_answer_the_planner_is_asked_for_other_calls() -> None:
-    made_up = final("It is 09:41 UTC.")  # a time no result gave: unsupported
-    model = ScriptedModelClient(
-        [proposals(call("current_time")), made_up, proposals(call("memory_search", query="t"))]
-    )
+    made_up = final("It is 09:41 UTC.")  # a time no result gave: refused, asked again
+    rounds = iter([proposals(call("current_time")), proposals(call("memory_search", query="t"))])
+
+    def respond(request: ChatRequest) -> str:
+        return made_up if request.schema_name == "final_answer" else next(rounds)
+
+    model = ScriptedModelClient(responder=respond)
     decision = await driver(model).decide(wm(TIME_SEEN))
+    answers = [r for r in model.requests if r.schema_name == "final_answer"]
+    assert len(answers) == Settings().structured_retries + 1
+    assert "09, 41 appear in no result above" in (answers[1].messages[-1].content or "")
     assert decision.action is not None and decision.action.tool == "memory_search"
     assert "every candidate repeated an earlier call; asked again" in decision.reason
-    note = model.requests[2].messages[-1].content or ""
+    retry = [r for r in model.requests if r.schema_name == "proposals"][1]
+    note = retry.messages[-1].content or ""
     assert "current_time() (step 1)" in note and "will not change" in note
     # The repeated tool is left out of what may be proposed this time.
-    schema = model.requests[2].response_schema
+    schema = retry.response_schema
     assert schema is not None
     offered = {
         o["properties"]["tool"]["const"]
@@ -663,18 +681,7 @@ async def test_a_call_that_failed_is_a_repeat_too_but_an_interrupted_one_is_not(
 
 
 async def test_with_parts_left_a_repeat_leads_to_other_calls_not_to_an_answer() -> None:
-    remember = ToolSpec(
-        name="remember_fact",
-        description="Store a fact.",
-        parameters={
-            "type": "object",
-            "properties": {"fact": {"type": "string"}},
-            "required": ["fact"],
-            "additionalProperties": False,
-        },
-        action_type=ActionType.LEARNING,
-    )
-    memory = checklist_wm(TIME_SEEN).model_copy(update={"action_space": (TIME, SEARCH, remember)})
+    memory = checklist_wm(TIME_SEEN).model_copy(update={"action_space": (TIME, SEARCH, REMEMBER)})
     model = ScriptedModelClient(
         [
             json.dumps({"done": [True, False, False], "candidates": [call("current_time")]}),
@@ -687,20 +694,9 @@ async def test_with_parts_left_a_repeat_leads_to_other_calls_not_to_an_answer() 
 
 
 async def test_repeats_narrow_the_tools_step_by_step_until_something_new_comes() -> None:
-    remember = ToolSpec(
-        name="remember_fact",
-        description="Store a fact.",
-        parameters={
-            "type": "object",
-            "properties": {"fact": {"type": "string"}},
-            "required": ["fact"],
-            "additionalProperties": False,
-        },
-        action_type=ActionType.LEARNING,
-    )
     searched = observed("memory_search", {"query": "time"}, "[]", 0)
     memory = checklist_wm(searched, TIME_SEEN).model_copy(
-        update={"action_space": (TIME, SEARCH, remember)}
+        update={"action_space": (TIME, SEARCH, REMEMBER)}
     )
     model = ScriptedModelClient(
         [
@@ -723,3 +719,20 @@ async def test_repeats_narrow_the_tools_step_by_step_until_something_new_comes()
 
     assert offered(1) == {"current_time", "remember_fact"}
     assert offered(2) == {"remember_fact"}
+
+
+async def test_when_every_tool_was_called_again_the_answer_is_asked_whatever_the_checklist() -> (
+    None
+):
+    stored = observed("remember_fact", {"fact": "It is 15:00 UTC."}, '{"remembered": true}', 1)
+    memory = checklist_wm(TIME_SEEN, stored).model_copy(update={"action_space": (TIME, REMEMBER)})
+    model = ScriptedModelClient(
+        [
+            json.dumps({"done": [False, False, False], "candidates": [call("current_time")]}),
+            proposals(call("remember_fact", fact="It is 15:00 UTC.")),  # a repeat too
+            final("It is 15:00 UTC."),
+        ]
+    )
+    decision = await driver(model).decide(memory)
+    assert decision.kind is DecisionKind.FINISH and decision.message == "It is 15:00 UTC."
+    assert "every tool's call was made already: asked for the answer" in decision.reason

@@ -42,6 +42,7 @@ from cortex_ray._types import (
     Candidate,
     Decision,
     DecisionKind,
+    MemoryKind,
     ToolSpec,
     WorkingMemory,
 )
@@ -352,12 +353,19 @@ def _unsupported_note(c: Candidate) -> str:
 
 
 def _evidence(wm: WorkingMemory) -> list[str]:
-    """What an answer's values may come from: the objective, the results, the memories."""
+    """What an answer's values may come from: the objective, the results, the memories;
+    once the run has results, not earlier runs' episodes (a made-up date in an earlier
+    demo's result was recalled and copied into the next run's answer)."""
+    acted = bool(wm.observations)
     return [
         wm.objective,
         *(o.summary for o in wm.observations),
         *(o.output if isinstance(o.output, str) else "" for o in wm.observations),
-        *(hit.memory.content for hit in wm.snapshot.recalled),
+        *(
+            hit.memory.content
+            for hit in wm.snapshot.recalled
+            if not (acted and hit.memory.kind is MemoryKind.EPISODIC)
+        ),
     ]
 
 
@@ -430,8 +438,13 @@ class AutonomousDriver:
 
         def validate(raw: Any) -> Candidate:
             (c,) = parse_candidates({"candidates": [raw]}, tools, 1)
-            unsupported = tuple(unsupported_values(c.message or "", evidence))
-            return c.model_copy(update={"index": index, "unsupported": unsupported})
+            if unsupported := unsupported_values(c.message or "", evidence):
+                # Asked again, told so (the retry's note is this message).
+                raise ValueError(
+                    f"the answer's {', '.join(unsupported)} appear in no result above: "
+                    "give the values the results show"
+                )
+            return c.model_copy(update={"index": index})
 
         try:
             return await structured_call(
@@ -495,11 +508,13 @@ class AutonomousDriver:
                 repeated: set[str | None] = set()
                 shown = valid
                 found = False
+                exhausted = False
                 asked = wm
                 while True:
                     repeated |= {c.tool for c in shown if c.repeats}
                     narrow = tuple(t for t in wm.action_space if t.name not in repeated)
                     if not narrow:
+                        exhausted = True
                         break
                     asked = wm.model_copy(update={"action_space": narrow})
                     try:
@@ -520,6 +535,15 @@ class AutonomousDriver:
                     shown = [c for c in again if c.valid] or shown
                     if not any(c.repeats and c.tool not in repeated for c in shown):
                         break
+                if not found and exhausted:
+                    # Every tool it has was called again with what it already did: there
+                    # is nothing new to do, whatever its checklist says (Qwen 1.5B marked
+                    # parts undone that its first two steps had done): the answer.
+                    finish = await self._final_answer(model, wm, index=len(candidates))
+                    if finish is not None and not finish.unsupported:
+                        candidates.append(finish)
+                        notes.append("every tool's call was made already: asked for the answer")
+                        found = True
                 if not found:
                     notes.append("every candidate repeats an earlier call")
         valid = [c for c in candidates if c.valid]
