@@ -7,9 +7,11 @@
   anything); invalid ones are recorded, never selected. If none is valid after the bounded
   retries, the run ends safely (FAILED, recorded, nothing executed).
 - A candidate that repeats a call already made in this run, with the same arguments, is
-  flagged (``Candidate.repeats``, the step that made it). When every valid candidate is a
-  repeat, the planner is asked once more, told which calls it repeated; a repeat is selected
-  only when no other valid candidate exists.
+  flagged (``Candidate.repeats``, the step that made it) and selected only when no other
+  valid candidate exists. When every valid candidate is a repeat, the answer is asked for
+  (if no part of the objective is left); otherwise the planner is asked again, told which
+  calls it repeated, with the repeated tools left out, until a new call comes or every tool
+  was repeated (then the answer is asked for).
 - The evaluation is a second structured call over the candidates that can be selected
   (skipped when there is one: it would not change the choice). ``evaluation="choice"`` (the
   default): a few words on each candidate, then the number of the best one (the chosen one
@@ -19,9 +21,9 @@
   Scores that carry no judgement (all equal, or following the proposal order in equal
   steps over three or more candidates: 1, 2, 3 or 9, 8, 7) are not used: the planner's
   order is kept, and the step log says so; so is it when the evaluation fails.
-- Once the run has observations the proposal says first what part of the objective
-  remains; when nothing does, the step finishes (with the proposed answer, or one asked for
-  alone).
+- Once the run has observations the proposal first marks the objective's parts done (or
+  says what remains); when nothing does and no answer was proposed, one is asked for and
+  competes with the proposed calls.
 """
 
 from __future__ import annotations
@@ -509,7 +511,6 @@ class AutonomousDriver:
                 shown = valid
                 found = False
                 exhausted = False
-                asked = wm
                 while True:
                     repeated |= {c.tool for c in shown if c.repeats}
                     narrow = tuple(t for t in wm.action_space if t.name not in repeated)
