@@ -736,3 +736,67 @@ async def test_when_every_tool_was_called_again_the_answer_is_asked_whatever_the
     decision = await driver(model).decide(memory)
     assert decision.kind is DecisionKind.FINISH and decision.message == "It is 15:00 UTC."
     assert "every tool's call was made already: asked for the answer" in decision.reason
+
+
+async def test_a_memory_write_of_values_nothing_gave_is_not_chosen_over_a_grounded_call() -> None:
+    memory = checklist_wm(TIME_SEEN).model_copy(update={"action_space": (TIME, SEARCH, REMEMBER)})
+    model = ScriptedModelClient(
+        [
+            json.dumps(
+                {
+                    "done": [True, False, False],
+                    "candidates": [
+                        call("remember_fact", fact="veltran observatory: city: Los Angeles"),
+                        call("remember_fact", fact="It is 15:00 UTC on 2026-12-01."),
+                    ],
+                }
+            )
+        ]
+    )
+    decision = await driver(model).decide(memory)
+    made_up, grounded = decision.candidates
+    assert made_up.unsupported == ("Los", "Angeles") and grounded.unsupported == ()
+    assert decision.action is not None and decision.action.args == grounded.args
+    # One selectable candidate: no evaluation call was needed.
+    assert [r.schema_name for r in model.requests] == ["proposals"]
+
+
+async def test_a_narrowed_re_proposal_counts_only_with_a_grounded_new_call() -> None:
+    """Pushed off the tools it had used, a small model stored a made-up fact: that
+    re-proposal does not count, the write's tool is left out too, and with no tool left the
+    answer is asked for."""
+    memory = checklist_wm(TIME_SEEN).model_copy(update={"action_space": (TIME, REMEMBER)})
+    model = ScriptedModelClient(
+        [
+            json.dumps({"done": [False, False, False], "candidates": [call("current_time")]}),
+            proposals(call("remember_fact", fact="The observatory is in Los Angeles.")),
+            final("It is 15:00 UTC."),
+        ]
+    )
+    decision = await driver(model).decide(memory)
+    assert [r.schema_name for r in model.requests] == ["proposals", "proposals", "final_answer"]
+    assert decision.kind is DecisionKind.FINISH and decision.message == "It is 15:00 UTC."
+    assert "every tool's call was made already: asked for the answer" in decision.reason
+    retry = model.requests[1].messages[-1].content or ""
+    assert "current_time() (step 1)" in retry
+
+
+async def test_a_made_up_write_in_a_re_proposal_is_told_to_the_model() -> None:
+    memory = checklist_wm(TIME_SEEN).model_copy(update={"action_space": (TIME, SEARCH, REMEMBER)})
+    model = ScriptedModelClient(
+        [
+            json.dumps(
+                {
+                    "done": [True, False, False],
+                    "candidates": [call("remember_fact", fact="The city is Los Angeles.")],
+                }
+            ),
+            proposals(call("memory_search", query="time")),
+        ]
+    )
+    decision = await driver(model).decide(memory)
+    assert decision.action is not None and decision.action.tool == "memory_search"
+    retry = model.requests[1].messages[-1].content or ""
+    assert "would store values that no result, memory or the goal gave" in retry
+    assert "Los, Angeles" in retry
+    assert "asked again without remember_fact" in decision.reason

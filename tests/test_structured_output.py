@@ -377,6 +377,10 @@ def test_a_tool_name_in_brackets_is_a_placeholder_and_other_brackets_are_not() -
     for text in ("x = array[index]", 'f"{value}"', "[Note: checked]", "2026-12-01 [UTC]"):
         assert placeholders(text, tools) == [], text
     assert placeholders("{{anything}}", ()) == ["{{anything}}"]
+    # An action category copied from the planner's progress lines stands where a value goes.
+    found = placeholders("The observatory is in [RETRIEVAL] (see [GROUNDING]).", tools)
+    assert found == ["[RETRIEVAL]", "[GROUNDING]"]
+    assert placeholders("Status [OK], region [EU], see [RFC 9110]", tools) == []
     note = placeholder_note(["[current_time]"], tools)
     assert "call the tool current_time first" in note
     # A slot that names no tool but holds all the words of one points at it.

@@ -8,8 +8,10 @@ value should be: the drivers ask once more, naming the tool that gives the value
 is one. A placeholder is ``{{anything}}``; a tool's name in single brackets, braces or
 angle brackets (``[current_time]``, ``{current time}``, ``<current_time>``); or a short
 lower-case phrase in square brackets or braces (``[current date and time]``, ``{date}``,
-``[insert name]``), the template slots small models write where a value belongs. Ordinary
-bracketed text ("[1]", "[sic]", "[Note: ...]", ``{"a": 1}``) is left alone.
+``[insert name]``), the template slots small models write where a value belongs; or an
+action category in square brackets (``[RETRIEVAL]``), copied from the progress lines the
+planner reads ("1. knowledge_search(...) [RETRIEVAL] OK: ..."). Ordinary bracketed text
+("[1]", "[sic]", "[Note: ...]", "[OK]", ``{"a": 1}``) is left alone.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ _SLOT = re.compile(
     r"(?<![\w\])}\"'$])(?:\[\s*([a-z][a-z_]+(?:[ -][a-z_]+){0,5})\s*\]"
     r"|\{\s*([a-z][a-z_]+(?: [a-z_]+){0,5})\s*\})"
 )
+# The progress lines' action categories (cortex_ray._types.ActionType), as the model copies them.
+_CATEGORY = re.compile(r"\[\s*(REASONING|RETRIEVAL|LEARNING|GROUNDING)\s*\]")
 _NOT_SLOTS = frozenset({"sic", "citation needed", "sic passim", "emphasis added", "sic erat"})
 _LEAD_IN = re.compile(r"\s*([^\n:]{1,80}:)\s*")
 
@@ -37,9 +41,11 @@ def _tool_key(name: str) -> str:
 
 
 def placeholders(text: str, tools: Iterable[str] = ()) -> list[str]:
-    """The placeholders in ``text``, as written: every ``{{...}}``, and a name of one of
-    ``tools`` in single brackets, braces or angle brackets."""
+    """The placeholders in ``text``, as written: every ``{{...}}``, a name of one of
+    ``tools`` in single brackets, braces or angle brackets, a lower-case slot, an action
+    category in square brackets."""
     found = [m.group(0) for m in _PLACEHOLDER.finditer(text)]
+    found += [m.group(0) for m in _CATEGORY.finditer(text) if m.group(0) not in found]
     rest = _PLACEHOLDER.sub(" ", text)
     keys = {_tool_key(t) for t in tools}
     if keys:
@@ -109,7 +115,9 @@ _NAMES = re.compile(
 )
 
 
-def unsupported_values(answer: str, evidence: Iterable[str]) -> list[str]:
+def unsupported_values(
+    answer: str, evidence: Iterable[str], *, names_anywhere: bool = False
+) -> list[str]:
     """The numbers, day names and month names of ``answer`` that appear in none of
     ``evidence`` (the objective, the results observed, the memories recalled), numbers even
     rounded: values the model made up rather than read ("Today is Wednesday" when
@@ -119,7 +127,11 @@ def unsupported_values(answer: str, evidence: Iterable[str]) -> list[str]:
     A deterministic check, not a model's opinion: "The result of (17 * 23) + 4 is 82." before
     any calculation has 82 unsupported; "It is 15:02 UTC on 2026-12-01" after
     ``current_time`` returned "2026-12-01T15:02:11+00:00" has none, and "26.1 miles" is
-    supported by a result of 26.0976 (a rounding of it)."""
+    supported by a result of 26.0976 (a rounding of it).
+
+    ``names_anywhere``: a capitalised name counts wherever it stands but the very start, for
+    text that is not prose, such as a fact to store ("veltran observatory: city: Los
+    Angeles", where nothing said Los Angeles)."""
     texts = list(evidence)
     seen = [value for text in texts for _, value, _ in _values(text)]
     names = {n.casefold() for text in texts for n in _NAMES.findall(text)}
@@ -138,7 +150,8 @@ def unsupported_values(answer: str, evidence: Iterable[str]) -> list[str]:
     for m in _PROPER.finditer(answer):
         name = m.group(0)
         before = answer[: m.start()].rstrip()
-        if not before or before[-1] in ".!?:\"'(" or _NAMES.fullmatch(name):
+        starts = not before or (not names_anywhere and before[-1] in ".!?:\"'(")
+        if starts or _NAMES.fullmatch(name):
             continue  # a sentence starts here, or a day/month name (checked above)
         if name.casefold() not in words and name not in missing:
             missing.append(name)

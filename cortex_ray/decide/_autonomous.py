@@ -40,6 +40,7 @@ from cortex_ray._exceptions import ModelError
 from cortex_ray._settings import Settings
 from cortex_ray._tracing import tracer
 from cortex_ray._types import (
+    ActionType,
     AgentAction,
     Candidate,
     Decision,
@@ -351,7 +352,20 @@ def no_judgement(scores: list[float]) -> str | None:
 
 
 def _unsupported_note(c: Candidate) -> str:
-    return f"the answer's {', '.join(c.unsupported)} appear in no result, memory or the goal"
+    what = "the answer's" if c.kind == "finish" else f"{c.tool}'s"
+    return f"{what} {', '.join(c.unsupported)} appear in no result, memory or the goal"
+
+
+def _arg_text(args: dict[str, Any]) -> str:
+    """The text values of a call's arguments, one per line (what a LEARNING tool stores)."""
+    texts = [v for v in args.values() if isinstance(v, str)]
+    texts += [x for v in args.values() if isinstance(v, list) for x in v if isinstance(x, str)]
+    return "\n".join(texts)
+
+
+def _stale(c: Candidate) -> bool:
+    """A call that adds nothing: a repeat, or a memory write of values nothing gave."""
+    return bool(c.repeats) or (c.kind == "tool" and bool(c.unsupported))
 
 
 def _evidence(wm: WorkingMemory) -> list[str]:
@@ -418,8 +432,18 @@ class AutonomousDriver:
             retries=self.settings.structured_retries,
         )
         evidence = _evidence(wm)
+        learning = {t.name for t in tools if t.action_type is ActionType.LEARNING}
         flagged = [
-            c.model_copy(update={"repeats": repeat_of(wm.observations, c.tool, c.args)})
+            c.model_copy(
+                update={
+                    "repeats": repeat_of(wm.observations, c.tool, c.args),
+                    "unsupported": tuple(
+                        unsupported_values(_arg_text(c.args), evidence, names_anywhere=True)
+                    )
+                    if c.tool in learning
+                    else (),
+                }
+            )
             if c.valid and c.kind == "tool"
             else c.model_copy(
                 update={"unsupported": tuple(unsupported_values(c.message or "", evidence))}
@@ -461,6 +485,57 @@ class AutonomousDriver:
             log.info("asking for the final answer failed: %s", exc)
             return None
 
+    async def _narrowed(
+        self,
+        model: ModelClient,
+        wm: WorkingMemory,
+        k: int,
+        candidates: list[Candidate],
+        valid: list[Candidate],
+        remaining: str,
+    ) -> tuple[list[Candidate], str, str]:
+        """Every valid candidate is stale: the planner is asked again, told which calls it
+        repeated, with those tools left out of the schema, and again without the next ones
+        while tools remain (told not to, Qwen 1.5B searched an empty memory six times
+        running, or went from memory_search to current_time and back, never to the
+        remember_fact the objective asked for). A re-proposal counts only with a call that
+        is new and, for a memory write, holds only values something gave: pushed off every
+        tool it had used, Qwen 1.5B stored "veltran observatory: city: Los Angeles" with no
+        result saying so. Returns the candidates, what remains, and the step note."""
+        excluded: set[str | None] = set()
+        shown = valid
+        while True:
+            excluded |= {c.tool for c in shown if c.kind == "tool" and _stale(c)}
+            narrow = tuple(t for t in wm.action_space if t.name not in excluded)
+            if not narrow:
+                break
+            asked = wm.model_copy(update={"action_space": narrow})
+            try:
+                again, said = await self._propose(
+                    model, asked, self.composer.render_retry_repeats(asked, k, shown), k
+                )
+            except ModelError as exc:
+                log.info("asking again after repeated calls failed: %s", exc)
+                return candidates, remaining, "every candidate repeats an earlier call"
+            if any(c.valid and not c.repeats and not c.unsupported for c in again):
+                without = ", ".join(sorted(str(t) for t in excluded))
+                note = f"every candidate repeated an earlier call; asked again without {without}"
+                return again, said or remaining, note
+            shown = [c for c in again if c.valid] or shown
+            if not any(c.kind == "tool" and _stale(c) and c.tool not in excluded for c in shown):
+                return candidates, remaining, "every candidate repeats an earlier call"
+        # Every tool it has was called again with what it already did (or would store what
+        # nothing gave): there is nothing new to do, whatever its checklist says (Qwen 1.5B
+        # marked parts undone that its first two steps had done): the answer.
+        finish = await self._final_answer(model, wm, index=len(candidates))
+        if finish is not None and not finish.unsupported:
+            return (
+                [*candidates, finish],
+                remaining,
+                "every tool's call was made already: asked for the answer",
+            )
+        return candidates, remaining, "every candidate repeats an earlier call"
+
     async def decide(self, wm: WorkingMemory) -> Decision:
         if self.model is None:
             return Decision(kind=DecisionKind.FINISH, failed=True, reason=NO_MODEL_REASON)
@@ -490,63 +565,23 @@ class AutonomousDriver:
                     candidates.append(finish)
                     notes.append("nothing remains: asked for the answer")
             valid = [c for c in candidates if c.valid]
-            if all(c.repeats for c in valid) and (not remaining or nothing_left(remaining)):
-                # Every idea repeats a call whose result the planner already has, and it
-                # names nothing left to do: most often the work is done (a small model
-                # calls calculate again on the same expression instead of finishing), so
-                # the answer is asked for first. With parts left, it is not (the demo
-                # finished with a made-up date, "remember it as a fact" undone).
+            if all(_stale(c) for c in valid) and (not remaining or nothing_left(remaining)):
+                # Every idea repeats a call whose result the planner already has (or stores
+                # what nothing gave), and it names nothing left to do: most often the work
+                # is done (a small model calls calculate again on the same expression
+                # instead of finishing), so the answer is asked for first. With parts
+                # left, it is not (the demo finished with a made-up date, "remember it as a
+                # fact" undone).
                 finish = await self._final_answer(model, wm, index=len(candidates))
                 if finish is not None and not finish.unsupported:
                     candidates.append(finish)
                     notes.append("every candidate repeats an earlier call: asked for the answer")
                     valid.append(finish)
-            if all(c.repeats for c in valid):
-                # No answer either: ask again for other calls, saying which repeated, with
-                # the repeated tools left out of the schema, and again without the next
-                # ones while tools remain (told not to, Qwen 1.5B still searched an empty
-                # memory six times running, or went from memory_search to current_time and
-                # back, never to the remember_fact the objective asked for).
-                repeated: set[str | None] = set()
-                shown = valid
-                found = False
-                exhausted = False
-                while True:
-                    repeated |= {c.tool for c in shown if c.repeats}
-                    narrow = tuple(t for t in wm.action_space if t.name not in repeated)
-                    if not narrow:
-                        exhausted = True
-                        break
-                    asked = wm.model_copy(update={"action_space": narrow})
-                    try:
-                        again, said = await self._propose(
-                            model, asked, self.composer.render_retry_repeats(asked, k, shown), k
-                        )
-                    except ModelError as exc:
-                        log.info("asking again after repeated calls failed: %s", exc)
-                        break
-                    if any(c.valid and not c.repeats for c in again):
-                        notes.append(
-                            "every candidate repeated an earlier call; asked again without "
-                            + ", ".join(sorted(str(t) for t in repeated))
-                        )
-                        candidates, remaining = again, said or remaining
-                        found = True
-                        break
-                    shown = [c for c in again if c.valid] or shown
-                    if not any(c.repeats and c.tool not in repeated for c in shown):
-                        break
-                if not found and exhausted:
-                    # Every tool it has was called again with what it already did: there
-                    # is nothing new to do, whatever its checklist says (Qwen 1.5B marked
-                    # parts undone that its first two steps had done): the answer.
-                    finish = await self._final_answer(model, wm, index=len(candidates))
-                    if finish is not None and not finish.unsupported:
-                        candidates.append(finish)
-                        notes.append("every tool's call was made already: asked for the answer")
-                        found = True
-                if not found:
-                    notes.append("every candidate repeats an earlier call")
+            if all(_stale(c) for c in valid):
+                candidates, remaining, narrowed = await self._narrowed(
+                    model, wm, k, candidates, valid, remaining
+                )
+                notes.append(narrowed)
         valid = [c for c in candidates if c.valid]
         # A repeat, or an answer with made-up numbers, is chosen only when nothing else
         # valid was proposed.

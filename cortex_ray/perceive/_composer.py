@@ -324,14 +324,31 @@ class PromptComposer:
     def render_retry_repeats(
         self, wm: WorkingMemory, k: int, repeated: Sequence[Candidate]
     ) -> list[ChatMessage]:
-        """PROPOSE again when every candidate repeated a call already made."""
+        """PROPOSE again when every candidate repeated a call already made, or would store
+        values that nothing gave."""
         calls = "; ".join(
             f"{call_text(c.tool, c.args)} (step {c.repeats})" for c in repeated if c.repeats
         )
-        note = (
-            f"Every candidate you proposed repeats a call already made: {calls}. Its result is "
-            "in the progress above and will not change. Propose different next actions, or "
-            "finish with the answer from the results above."
+        made_up = "; ".join(
+            f"{call_text(c.tool, c.args)} ({', '.join(c.unsupported)})"
+            for c in repeated
+            if c.kind == "tool" and c.unsupported and not c.repeats
+        )
+        said = []
+        if calls:
+            said.append(
+                f"Every candidate you proposed repeats a call already made: {calls}. Its "
+                "result is in the progress above and will not change."
+            )
+        if made_up:
+            said.append(
+                f"These would store values that no result, memory or the goal gave: {made_up}."
+            )
+        note = " ".join(
+            [
+                *said,
+                "Propose different next actions, or finish with the answer from the results above.",
+            ]
         )
         return [*self.render_proposal(wm, k), ChatMessage(role="user", content=note)]
 
@@ -350,6 +367,8 @@ class PromptComposer:
                 what = call_text(c.tool, c.args)
                 if c.repeats:
                     what += f" [repeats step {c.repeats}]"
+                if c.unsupported:
+                    what += f" [{', '.join(c.unsupported)}: in no result above]"
             lines.append(f"{c.index}. {what} (rationale: {c.rationale})")
         if mode == "choice":
             ask = (
