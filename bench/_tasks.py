@@ -55,6 +55,7 @@ from cortex_ray._types import (
     TurnResult,
 )
 from cortex_ray.act import Tool, ToolContext
+from cortex_ray.evals import EvalCase, EvalSuite
 from cortex_ray.knowledge import Format, KnowledgeWriter, SplitPassage, SplitSection, split_bytes
 from cortex_ray.models import PACKAGED_MODELS, ModelClient, open_models
 
@@ -409,6 +410,7 @@ class Result:
     seconds: float
     answer: str
     log: list[str] = field(default_factory=list)
+    run_id: str | None = None
 
 
 def _call_key(tool: str | None, args: dict[str, Any]) -> str:
@@ -500,7 +502,8 @@ async def run_task(
         if m.kind is MemoryKind.SEMANTIC and m.recorded_at >= started
     ]
     why = failed or task.verify(Outcome(answer, tools, facts, started))
-    return Result(task.name, variant, why is None, why, steps, loops, seconds, answer, log)
+    run_id = str(run.id) if task.mode is AgentMode.AUTONOMOUS else None
+    return Result(task.name, variant, why is None, why, steps, loops, seconds, answer, log, run_id)
 
 
 VARIANTS = {
@@ -538,6 +541,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     parser.add_argument("--quiet", action="store_true", help="no per-step log")
+    parser.add_argument(
+        "--record-suite",
+        type=Path,
+        help="write the autonomous runs as an eval suite here (JSON, as `cortex-ray eval "
+        "export` writes it): each run a case that replays its decisions",
+    )
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -585,6 +594,7 @@ async def _main(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     results: list[Result] = []
+    cases: list[EvalCase] = []
     try:
         for task in wanted:
             for variant in variants:  # interleaved, so drift in machine load hits both
@@ -599,6 +609,10 @@ async def _main(args: argparse.Namespace) -> int:
                 if not args.quiet:
                     for line in result.log:
                         print(f"      {line}", file=sys.stderr)
+                if args.record_suite and result.run_id is not None:
+                    cases.append(await _case(runtimes[variant], org, result))
+        if args.record_suite:
+            _write_suite(args.record_suite, base, cases)
     finally:
         for runtime in reversed(list(runtimes.values())):
             await runtime.close()
@@ -609,6 +623,30 @@ async def _main(args: argparse.Namespace) -> int:
             json.dumps([r.__dict__ for r in results], indent=2, ensure_ascii=False)
         )
     return 0
+
+
+async def _case(runtime: Runtime, org: str, result: Result) -> EvalCase:
+    """The run as a regression case: its recorded status, every decision as recorded."""
+    assert result.run_id is not None
+    verdict = "passed" if result.ok else f"failed ({result.why})"
+    return await runtime.eval_case_from_run(
+        org,
+        uuid.UUID(result.run_id),
+        name=f"{result.task}-{result.variant}",
+        description=f"agent_eval task {result.task!r}, variant {result.variant}; "
+        f"its verifier {verdict}"[:500],
+    )
+
+
+def _write_suite(path: Path, settings: Settings, cases: list[EvalCase]) -> None:
+    suite = EvalSuite(
+        name=path.stem,
+        description=f"agent_eval tasks recorded with {settings.model_name}",
+        cases=tuple(cases),
+    )
+    body = suite.model_dump(mode="json", include={"name", "description", "cases"})
+    path.write_text(json.dumps(body, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {path}: {len(cases)} cases", file=sys.stderr)
 
 
 def _report(results: list[Result], variants: list[str], settings: Settings) -> None:

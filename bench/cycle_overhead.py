@@ -168,7 +168,7 @@ class Ours:
 _INSERT_STEP = """
 INSERT INTO run_steps (org_id, run_id, step_index, decision, candidates, selected, action,
                        action_type, observation, message, created_at)
-VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s::jsonb, %s, %s::jsonb, %s, %s)
+VALUES (%s, %s, %s, %s, %s::json, %s, %s::json, %s, %s::json, %s, %s)
 """
 _INSERT_AUDIT = """
 INSERT INTO audit_log (org_id, principal_id, agent_id, mode, tool, action_type, status, reason,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -31,7 +32,7 @@ from cortex_ray._exceptions import (
     InvalidRequestError,
     LeaseLost,
 )
-from cortex_ray._settings import Settings
+from cortex_ray._settings import DECIDE_SETTINGS, Settings
 from cortex_ray._tracing import tracer
 from cortex_ray._types import (
     Agent,
@@ -46,6 +47,7 @@ from cortex_ray._types import (
     Session,
     SessionStatus,
     Step,
+    StepRecording,
     TaskRun,
     Turn,
     TurnEvent,
@@ -56,6 +58,7 @@ from cortex_ray._types import (
 from cortex_ray.act import Dispatch, InvocationContext, ToolDispatcher, ToolRegistry
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
 from cortex_ray.learn import Learner
+from cortex_ray.models import recording
 from cortex_ray.perceive import WorkingMemoryAssembler
 from cortex_ray.storage import AuditEntry, Database, RunLease, RunLeases, Store, TurnLease
 
@@ -88,6 +91,8 @@ class CycleStep:
 
     decision: Decision
     dispatch: Dispatch | None = None
+    recording: StepRecording | None = None
+    """What DECIDE saw and its model said, when the caller asked (``record=True``)."""
 
 
 class DecisionCycle:
@@ -130,11 +135,13 @@ class DecisionCycle:
         step_index: int = 0,
         max_steps: int | None = None,
         before_act: BeforeAct | None = None,
+        record: bool = False,
     ) -> CycleStep:
         """PERCEIVE (one memory read) → DECIDE (``decide``) → ACT (the gate) once.
 
         ``before_act`` runs between the decision and the call (the autonomous loop makes the
-        step's intent durable there; the interactive loop reports the tool call).
+        step's intent durable there; the interactive loop reports the tool call). With
+        ``record`` the step's recording (working memory, model calls) comes back with it.
         """
         wm = await self.assembler.assemble(  # PERCEIVE
             agent=ctx.agent,
@@ -147,15 +154,27 @@ class DecisionCycle:
             max_steps=max_steps,
             run_id=ctx.run_id,
         )
-        decision = await decide(wm)  # DECIDE
+        kept: StepRecording | None = None
+        if record:
+            with recording() as tape:
+                started = time.perf_counter()
+                decision = await decide(wm)  # DECIDE
+                took = (time.perf_counter() - started) * 1000
+            seen = wm.model_copy(update={"observations": (), "conversation": ()})
+            used = {k: getattr(self.settings, k) for k in DECIDE_SETTINGS}
+            kept = StepRecording(
+                wm=seen, model_calls=tuple(tape), decide_ms=round(took, 3), settings=used
+            )
+        else:
+            decision = await decide(wm)  # DECIDE
         if decision.kind is not DecisionKind.ACT or decision.action is None:
-            return CycleStep(decision)
+            return CycleStep(decision, recording=kept)
         if before_act is not None:
             await before_act(decision.action)
         dispatch = await self.dispatcher.execute(  # ACT
             ctx, decision.action.tool, decision.action.args
         )
-        return CycleStep(decision, dispatch)
+        return CycleStep(decision, dispatch, kept)
 
     # autonomous ---------------------------------------------------------------------------
 
@@ -302,6 +321,7 @@ class DecisionCycle:
                 step_index=step_index,
                 max_steps=run.max_steps,
                 before_act=make_intent_durable,
+                record=self.settings.record_decisions,
             )
             decision = cycle.decision
             if cycle.dispatch is None:
@@ -313,6 +333,7 @@ class DecisionCycle:
                     selected=decision.selected,
                     message=decision.message or decision.reason,
                     note=decision.reason or None,
+                    recording=cycle.recording,
                 )
                 failed = decision.failed or decision.kind is not DecisionKind.FINISH
                 final = await self._finish(
@@ -324,6 +345,7 @@ class DecisionCycle:
                     reason=decision.reason,
                     step=step,
                 )
+                step = _without_recording(step)
                 await _notify(on_step, step)
                 return step, final
 
@@ -340,10 +362,12 @@ class DecisionCycle:
                 action_type=observation.action_type,
                 observation=observation,
                 note=decision.reason or None,
+                recording=cycle.recording,
             )
             await self.learner.record_step(  # LEARN
                 agent, run, step, decision, dispatch.audit, clear_intent=side_effects, lease=lease
             )
+            step = _without_recording(step)
             await _notify(on_step, step)
             if dispatch.refused_as_invalid:
                 # Never executed; end the run safely rather than loop on a broken plan.
@@ -516,6 +540,11 @@ class DecisionCycle:
         return TurnResult(
             session_id=session.id, reply=reply, observations=tuple(observations), refused=refused
         )
+
+
+def _without_recording(step: Step) -> Step:
+    """The step as its log shows it: the recording is stored, and read only for replay."""
+    return step if step.recording is None else step.model_copy(update={"recording": None})
 
 
 def _run_context(agent: Agent, run: TaskRun, step_index: int) -> InvocationContext:

@@ -33,6 +33,7 @@ from pydantic_settings import (
 from cortex_ray._exceptions import ConfigurationError
 
 __all__ = [
+    "DECIDE_SETTINGS",
     "PROJECT_VARIABLES",
     "ApiOptions",
     "Fusion",
@@ -466,6 +467,11 @@ class Settings(BaseSettings):
     tool_output_chars: int = Field(
         default=4000, ge=64, description="tool output kept in an observation"
     )
+    record_decisions: bool = Field(
+        default=True,
+        description="each autonomous step keeps what its DECIDE saw and its model calls' "
+        "outputs (the run's cassette: eval cases replay it)",
+    )
     progress_earlier_chars: int = Field(
         default=500,
         ge=64,
@@ -687,3 +693,14 @@ def settings_table() -> str:
             continue
         rows.append(f"| `{variable}` | {_shown(field)} | {text(field.description or '')} |")
     return "\n".join(rows) + "\n"
+
+
+DECIDE_SETTINGS = (
+    "candidates",
+    "evaluation",
+    "structured_retries",
+    "show_action_space",
+    "progress_earlier_chars",
+)
+"""The settings that shape what DECIDE asks its model and how it chooses: a step's recording
+keeps their values, and a replay uses them unless told otherwise (docs/evaluation.md)."""

@@ -28,17 +28,20 @@ __all__ = [
     "MemoryKind",
     "MemoryRecord",
     "MemorySnapshot",
+    "ModelExchange",
     "Observation",
     "ObservationStatus",
     "Principal",
     "PrincipalKind",
     "ProceduralProposal",
     "ProposalStatus",
+    "RecordedToolCall",
     "RunStatus",
     "ScoredMemory",
     "Session",
     "SessionStatus",
     "Step",
+    "StepRecording",
     "TaskRun",
     "ToolSpec",
     "Turn",
@@ -358,6 +361,46 @@ class RunStatus(StrEnum):
     FAILED = "FAILED"
 
 
+class RecordedToolCall(_Model):
+    """A tool call as a model returned it (OpenAI's shape; arguments as written)."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+
+class ModelExchange(_Model):
+    """One model call a decision made, as recorded for replay: what was asked (a digest of
+    the whole request and its schema's name) and what came back."""
+
+    model: str = ""
+    constrained: bool = True
+    """The model constrained decoding to the schema (else the schema was in the prompt)."""
+    schema_name: str
+    request_sha256: str
+    """sha256 of the request as JSON (messages, tools, schema, sampling; not the priority):
+    a replay whose request differs was given another prompt."""
+    prompt_chars: int = 0
+    content: str | None = None
+    tool_calls: tuple[RecordedToolCall, ...] = ()
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: float = 0.0
+
+
+class StepRecording(_Model):
+    """What one step's DECIDE saw and what its model said: the step's part of a run's
+    cassette. ``wm`` is the working memory as the driver got it, without the observations
+    and conversation (the earlier steps' records hold those)."""
+
+    wm: WorkingMemory
+    model_calls: tuple[ModelExchange, ...] = ()
+    decide_ms: float = 0.0
+    settings: dict[str, Any] = Field(default_factory=dict)
+    """The values of the settings DECIDE used (``DECIDE_SETTINGS``): K, the evaluation, ..."""
+
+
 class Step(_Model):
     """One ledger row: propose → evaluate → select → act → observe, keyed by (run, index)."""
 
@@ -375,6 +418,9 @@ class Step(_Model):
     scores (one candidate, scores that carry no judgement, repeated calls); see
     ``Decision.reason``."""
     created_at: datetime = Field(default_factory=utcnow)
+    recording: StepRecording | None = Field(default=None, exclude=True)
+    """The step's cassette part (kept when ``record_decisions`` is on; stored in its own
+    column, read only by ``Store.get_run(..., recordings=True)``, never shown with the step log)."""
 
 
 class TaskRun(_Model):

@@ -92,7 +92,10 @@ def respond(effects: int, request: ChatRequest) -> str:
     if request.tools and said[-1].endswith("what time is it?"):  # a tool round first
         return ChatResponse(tool_calls=(ToolCall(id="c1", name="current_time", arguments="{}"),))
     replies = sum(1 for m in request.messages if m.role == "assistant")
-    return f"echo: {said[-1]} (replies seen: {replies})"
+    # The first line only: after a tool round the message is the progress block, whose
+    # "[GROUNDING]" copied into a reply is refused as a placeholder (it stands for a value).
+    first = said[-1].splitlines()[0] if said[-1] else ""
+    return f"echo: {first} (replies seen: {replies})"
 
 
 class PacedModel(ScriptedModelClient):

@@ -54,6 +54,9 @@ TABLES = (
     "principals",
     "api_keys",
     "step_intents",
+    "eval_suites",
+    "eval_runs",
+    "eval_results",
 )
 
 
@@ -621,6 +624,7 @@ class Estate:
     task_id: str
     session_id: str
     turn_id: str
+    eval_run_id: str
 
 
 @pytest.fixture
@@ -644,7 +648,14 @@ async def estate(client: httpx2.AsyncClient, tenant: Tenant, db: Database) -> Es
         client, f"/api/orgs/{tenant.org}/sessions/{session_id}/messages", admin, "a secret message"
     )
     turn_id = events[0][1]["turnId"]
-    return Estate(tenant, worker, chat, task_id, session_id, turn_id)
+    evals = f"/api/orgs/{tenant.org}/evals"
+    r = await client.post(
+        f"{evals}/suites/victim-suite/cases", headers=admin, json={"runId": task_id}
+    )
+    assert r.status_code == 201, r.text
+    r = await client.post(f"{evals}/runs", headers=admin, json={"suite": "victim-suite"})
+    assert r.status_code == 201, r.text
+    return Estate(tenant, worker, chat, task_id, session_id, turn_id, r.json()["id"])
 
 
 def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str, Any]]]:
@@ -697,6 +708,26 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
         ),
         "search_knowledge": ("GET", f"{base}/knowledge/search", {"params": {"query": "door"}}),
         "list_proposals": ("GET", f"{base}/agents/{{agent_ref}}/proposals", {}),
+        "list_eval_suites": ("GET", f"{base}/evals/suites", {}),
+        "create_eval_suite": (
+            "POST",
+            f"{base}/evals/suites",
+            {"json": {"name": "intruder", "cases": []}},
+        ),
+        "get_eval_suite": ("GET", f"{base}/evals/suites/victim-suite", {}),
+        "add_eval_case": (
+            "POST",
+            f"{base}/evals/suites/victim-suite/cases",
+            {"json": {"runId": estate.task_id}},
+        ),
+        "run_eval_suite": ("POST", f"{base}/evals/runs", {"json": {"suite": "victim-suite"}}),
+        "list_eval_runs": ("GET", f"{base}/evals/runs", {}),
+        "get_eval_run": ("GET", f"{base}/evals/runs/{estate.eval_run_id}", {}),
+        "compare_eval_runs": (
+            "GET",
+            f"{base}/evals/compare",
+            {"params": {"a": estate.eval_run_id, "b": estate.eval_run_id}},
+        ),
         "decide_proposal": (
             "POST",
             f"{base}/proposals/{uuid.UUID(int=7)}/decision",
@@ -758,6 +789,7 @@ async def test_no_route_reads_or_writes_another_organisation(
         "secret",
         "Secret",
         "4711",
+        estate.eval_run_id,
     ]
     operations = await spec_operations(client)
 
@@ -771,7 +803,15 @@ async def test_no_route_reads_or_writes_another_organisation(
             assert not leaked(secrets, r, url, kwargs), (op, r.text)
 
     # 2. The intruder's own organisation, naming the victim's rows: not found either.
-    expected = {"list_agents": 200, "create_agent": 201, "list_tasks": 200, "search_knowledge": 200}
+    expected = {
+        "list_agents": 200,
+        "create_agent": 201,
+        "list_tasks": 200,
+        "search_knowledge": 200,
+        "list_eval_suites": 200,
+        "list_eval_runs": 200,
+        "create_eval_suite": 422,  # no cases
+    }
     for op, (method, url, kwargs) in requests_for(estate, intruder.org).items():
         r = await client.request(method, url, headers=intruder.auth(intruder.admin), **kwargs)
         assert r.status_code == expected.get(op, 404), (op, r.status_code, r.text)

@@ -7,6 +7,7 @@ instead of starting and stopping a server of its own, which keeps each call near
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from uuid import uuid4
 
 import pydantic
 import pytest
@@ -292,3 +294,103 @@ async def test_proposals_are_listed_and_decided_from_the_command_line(
         )
     finally:
         await runtime.close()
+
+
+# --- eval: runs as regression cases (issue 14, point 6) -----------------------------------
+
+EVAL_RUN_ID = re.compile(r"eval run id: ([0-9a-f-]{36})")
+REGRESSION_SUITE = Path(__file__).resolve().parents[1] / "evals" / "regression.json"
+
+
+def test_a_run_becomes_a_case_and_replays_from_the_command_line(
+    cli_env: dict[str, str], org: str, tmp_path: Path
+) -> None:
+    """The real path: the packaged SmolLM2 decides a run; the run becomes a case; the
+    suite replays it without the model (the same decisions), is exported, imported as
+    the same version, run again and compared."""
+    create_agent(cli_env, org, "timer", "--tool", "current_time")
+    ran = cortex(
+        cli_env, "--org", org, "run", "timer", "Tell me the current time.", "--max-steps", "2",
+        CORTEX_STRUCTURED_RETRIES="0", timeout=240,
+    )  # fmt: skip
+    assert ran.returncode in (0, 3), ran.stderr[-2000:]
+    match = RUN_ID.search(ran.stdout)
+    assert match is not None
+    run_id = match.group(1)
+
+    added = cortex(cli_env, "--org", org, "eval", "add", run_id, "--suite", "mine")
+    assert added.returncode == 0, added.stderr
+    assert f"case run-{run_id}" in added.stdout and "suite mine version 1, 1 cases" in added.stdout
+
+    # Replay needs no model: the model backend is off, and the decisions still come out.
+    first = cortex(cli_env, "--org", org, "eval", "run", "mine", CORTEX_MODEL_BACKEND="none")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "passed 1/1 (100%)" in first.stdout and "tool correctness 1.00" in first.stdout
+    first_id = EVAL_RUN_ID.search(first.stdout)
+    assert first_id is not None
+
+    exported = tmp_path / "mine.json"
+    out = cortex(cli_env, "--org", org, "eval", "export", "mine", "-o", str(exported))
+    assert out.returncode == 0, out.stderr
+    suite = json.loads(exported.read_text())
+    assert suite["name"] == "mine" and suite["cases"][0]["cassette"]["source_run"] == run_id
+    again = cortex(cli_env, "--org", org, "eval", "import", str(exported))
+    assert "suite mine version 1, 1 cases" in again.stdout, again.stderr  # same cases
+
+    second = cortex(cli_env, "--org", org, "eval", "run", str(exported))
+    assert second.returncode == 0, second.stdout + second.stderr
+    second_id = EVAL_RUN_ID.search(second.stdout)
+    assert second_id is not None
+    compared = cortex(
+        cli_env, "--org", org, "eval", "compare", first_id.group(1), second_id.group(1)
+    )
+    assert compared.returncode == 0, compared.stderr
+    assert "fixed: -" in compared.stdout and "broken: -" in compared.stdout
+    assert "success_rate +0" in compared.stdout
+    shown = cortex(cli_env, "--org", org, "eval", "show", first_id.group(1))
+    assert "case" in shown.stdout and f"run-{run_id}" in shown.stdout
+    listed = cortex(cli_env, "--org", org, "eval", "list")
+    assert "mine" in listed.stdout and first_id.group(1) in listed.stdout
+
+
+def test_bad_eval_input_is_one_line_error_naming_the_file(
+    cli_env: dict[str, str], org: str, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"name": "x",\n  "cases": [\n    oops]}\n')
+    result = cortex(cli_env, "--org", org, "eval", "run", str(broken))
+    assert_one_line_error(result, 2, f"{broken}:3:5: not JSON")
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"name": "bad name", "cases": []}))
+    result = cortex(cli_env, "--org", org, "eval", "import", str(wrong))
+    assert_one_line_error(result, 2, f"{wrong}: name: Value error, a suite name")
+    bad_set = cortex(cli_env, "--org", org, "eval", "run", "x", "--set", "candidates=0")
+    assert_one_line_error(bad_set, 2, "overrides: candidates")
+    no_eq = cortex(cli_env, "--org", org, "eval", "run", "x", "--set", "candidates")
+    assert_one_line_error(no_eq, 2, "expected KEY=VALUE")
+    missing = cortex(cli_env, "--org", org, "eval", "run", "no-such-suite")
+    assert_one_line_error(missing, 1, "eval suite 'no-such-suite' not found")
+    bad_check = cortex(
+        cli_env, "--org", org, "eval", "add", str(uuid4()), "--suite", "s",
+        "--check", '{"kind": "teleported"}',
+    )  # fmt: skip
+    assert_one_line_error(bad_check, 2, "--check 1: ")
+    unknown_run = cortex(cli_env, "--org", org, "eval", "add", str(uuid4()), "--suite", "s")
+    assert_one_line_error(unknown_run, 1, "not found")
+
+
+def test_the_projects_regression_suite_replays_as_recorded(
+    cli_env: dict[str, str], org: str
+) -> None:
+    """evals/regression.json: runs of this project's agents (the agent benchmark's tasks,
+    the demo on the default model). A change to the planner, the prompts or the settings
+    that makes any recorded decision come out differently fails here, naming the case, the
+    step and both decisions (docs/evaluation.md)."""
+    suite = json.loads(REGRESSION_SUITE.read_text())
+    result = cortex(
+        cli_env, "--org", org, "eval", "run", str(REGRESSION_SUITE), CORTEX_MODEL_BACKEND="none",
+        timeout=180,
+    )  # fmt: skip
+    n = len(suite["cases"])
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert f"passed {n}/{n} (100%)" in result.stdout

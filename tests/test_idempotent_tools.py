@@ -53,7 +53,10 @@ def plan(request: ChatRequest) -> str:
     assert match is not None, text
     step = int(match.group(1)) - 1
     if step < FACTS:
-        args = {"subject": f"topic {step}", "fact": f"fact number {step}"}
+        # In words: a memory write of a number that no result or goal holds is made up
+        # (the planner's grounding check), and this plan only has to write something.
+        word = ("zero", "one", "two", "three")[step]
+        args = {"subject": f"topic {word}", "fact": f"fact number {word}"}
         action: dict[str, Any] = {"tool": "remember_fact", "args": args, "rationale": "r"}
     else:
         action = {"finish": True, "message": "remembered", "rationale": "r"}

@@ -28,7 +28,9 @@ from cortex_ray import (
     Runtime,
     Settings,
 )
+from cortex_ray._types import DecisionKind, MemorySnapshot, RunStatus, WorkingMemory
 from cortex_ray.access import UseCase
+from cortex_ray.evals import Cassette, EvalCase, EvalSuite, RecordedStep, SameDecisions
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import HashEmbedder
 from cortex_ray.storage import Database
@@ -95,6 +97,24 @@ async def world(runtime: Runtime, org: str) -> World:
 
 
 Call = Callable[[Runtime, World], Awaitable[Any]]
+
+
+def tiny_suite() -> EvalSuite:
+    """A valid one-case suite (a run that finished at its first step)."""
+    wm = WorkingMemory(
+        mode=AgentMode.AUTONOMOUS,
+        agent_name="worker",
+        persona="",
+        objective="read the clock",
+        snapshot=MemorySnapshot(query="read the clock"),
+    )
+    step = RecordedStep(step_index=0, wm=wm, decision=DecisionKind.FINISH, message="done")
+    cassette = Cassette(
+        objective="read the clock", max_steps=2, status=RunStatus.COMPLETED, steps=(step,)
+    )
+    case = EvalCase(name="tiny", cassette=cassette, checks=(SameDecisions(),))
+    return EvalSuite(name="tiny", cases=(case,))
+
 
 # Each use case, called by someone without the right: (who, call).
 REFUSALS: dict[UseCase, tuple[str, Call]] = {
@@ -164,6 +184,15 @@ REFUSALS: dict[UseCase, tuple[str, Call]] = {
     UseCase.PROPOSALS_DECIDE: (
         "member",
         lambda r, w: r.decide_proposal(w.org, w.proposal_id, approve=True, principal=w.member),
+    ),
+    UseCase.EVALS_READ: ("outsider", lambda r, w: r.list_eval_suites(w.org, principal=w.outsider)),
+    UseCase.EVALS_WRITE: (
+        "outsider",
+        lambda r, w: r.save_eval_suite(w.org, tiny_suite(), principal=w.outsider),
+    ),
+    UseCase.EVALS_RUN: (
+        "outsider",
+        lambda r, w: r.run_eval_suite(w.org, "tiny", principal=w.outsider),
     ),
 }
 

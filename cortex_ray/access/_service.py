@@ -118,6 +118,12 @@ class UseCase(Enum):
     API_KEYS_REVOKE = ("api_keys.revoke", ActionType.GROUNDING, Tier.ADMIN, True)
     PROPOSALS_LIST = ("proposals.list", ActionType.RETRIEVAL, Tier.READ, False)
     PROPOSALS_DECIDE = ("proposals.decide", ActionType.LEARNING, Tier.ADMIN, True)
+    # Evaluation: reading suites and results; saving a suite version (a case holds a run's
+    # working memory, which a member may read anyway); running a suite (a live run calls
+    # the model, never a tool: the recorded results answer).
+    EVALS_READ = ("evals.read", ActionType.RETRIEVAL, Tier.READ, False)
+    EVALS_WRITE = ("evals.write", ActionType.GROUNDING, Tier.WRITE, True)
+    EVALS_RUN = ("evals.run", ActionType.GROUNDING, Tier.WRITE, True)
 
     def __init__(self, label: str, category: ActionType, tier: Tier, audit_allowed: bool) -> None:
         self.label = label

@@ -35,6 +35,7 @@ from cortex_ray.models._protocol import (
     ToolCall,
     Usage,
 )
+from cortex_ray.models._recording import RecordingModelClient, recording, request_digest
 from cortex_ray.models._structured import structured_call
 from cortex_ray.models.embeddings import (
     Embedder,
@@ -63,6 +64,7 @@ __all__ = [
     "ModelParts",
     "ModelSlot",
     "PackagedModel",
+    "RecordingModelClient",
     "RerankHit",
     "Reranker",
     "ScriptedModelClient",
@@ -78,7 +80,9 @@ __all__ = [
     "packaged_minilm_path",
     "packaged_model",
     "packaged_model_path",
+    "recording",
     "register_backend",
+    "request_digest",
     "set_allow_model_requests",
     "structured_call",
 ]

@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Json, Jsonb
 
 from cortex_ray._exceptions import InvalidRequestError, NotFoundError
 from cortex_ray._types import (
@@ -34,6 +34,7 @@ from cortex_ray._types import (
     Session,
     SessionStatus,
     Step,
+    StepRecording,
     TaskRun,
     Turn,
     utcnow,
@@ -82,6 +83,13 @@ def _agent(row: dict[str, Any]) -> Agent:
     )
 
 
+# A step log's columns: not its recording (a few kB a step, read only for replay).
+_STEP_COLUMNS = (
+    "run_id, step_index, decision, candidates, selected, action, action_type, observation, "
+    "message, note, created_at"
+)
+
+
 def _step(row: dict[str, Any]) -> Step:
     return Step(
         run_id=row["run_id"],
@@ -97,6 +105,9 @@ def _step(row: dict[str, Any]) -> Step:
         message=row["message"],
         note=row["note"],
         created_at=row["created_at"],
+        recording=None
+        if row.get("recording") is None
+        else StepRecording.model_validate(row["recording"]),
     )
 
 
@@ -384,7 +395,11 @@ class Store:
                 await conn.execute(_INSERT_RUN_AUDITED, params + _audit_params(audit))
         return run
 
-    async def get_run(self, org_id: str, run_id: UUID) -> TaskRun:
+    async def get_run(self, org_id: str, run_id: UUID, *, recordings: bool = False) -> TaskRun:
+        """A run with its step log; with ``recordings``, each step with its recording too
+        (``None`` for a step made with ``record_decisions`` off, or before migration 0008):
+        what replay reads, a few kB a step that the step log leaves out."""
+        columns = f"{_STEP_COLUMNS}, recording" if recordings else _STEP_COLUMNS
         async with self.db.transaction() as conn:
             cur = await conn.execute(
                 "SELECT * FROM task_runs WHERE org_id = %s AND id = %s", (org_id, run_id)
@@ -393,7 +408,8 @@ class Store:
             if row is None:
                 raise NotFoundError(f"task run {run_id} not found in organisation {org_id!r}")
             cur = await conn.execute(
-                "SELECT * FROM run_steps WHERE org_id = %s AND run_id = %s ORDER BY step_index",
+                f"SELECT {columns} FROM run_steps WHERE org_id = %s AND run_id = %s "
+                "ORDER BY step_index",
                 (org_id, run_id),
             )
             steps = [_step(r) for r in await cur.fetchall()]
@@ -473,24 +489,28 @@ class Store:
         await conn.execute(
             """
             INSERT INTO run_steps (org_id, run_id, step_index, decision, candidates, selected,
-                                   action, action_type, observation, message, note, created_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                                   action, action_type, observation, message, note, created_at,
+                                   recording)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
             """,
             (
                 org_id,
                 step.run_id,
                 step.step_index,
                 step.decision.value,
-                Jsonb([c.model_dump(mode="json") for c in step.candidates]),
+                Json([c.model_dump(mode="json") for c in step.candidates]),
                 step.selected,
-                None if step.action is None else Jsonb(step.action.model_dump(mode="json")),
+                None if step.action is None else Json(step.action.model_dump(mode="json")),
                 None if step.action_type is None else step.action_type.value,
                 None
                 if step.observation is None
-                else Jsonb(step.observation.model_dump(mode="json")),
+                else Json(step.observation.model_dump(mode="json")),
                 step.message,
                 step.note,
                 step.created_at,
+                # json, not jsonb: a recording keeps its keys' order (a tool's parameters
+                # are shown in it), so that a replay rebuilds the same prompt.
+                None if step.recording is None else Json(step.recording.model_dump(mode="json")),
             ),
         )
 

@@ -1,0 +1,107 @@
+"""Recording what a decision asked its model, for replay (a run's cassette, issue 14 point 6).
+
+``RecordingModelClient`` wraps the drivers' model. While a ``recording()`` block is open in
+the current task (the cycle opens one around each autonomous step's DECIDE), every call is
+appended to the block's tape as a ``ModelExchange``: a digest of the request and the
+response as it came back. Outside a block it only forwards: interactive turns, importance
+scoring and tools are not recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from cortex_ray._types import ModelExchange, RecordedToolCall
+from cortex_ray.models._protocol import ChatRequest, ChatResponse, ModelClient
+
+__all__ = ["RecordingModelClient", "exchange", "recording", "request_digest"]
+
+_TAPE: ContextVar[list[ModelExchange] | None] = ContextVar("cortex_model_tape", default=None)
+
+
+def request_digest(request: ChatRequest) -> str:
+    """sha256 of the request as canonical JSON, without its priority (a server's line
+    order, not what the model is asked)."""
+    body = request.model_dump(mode="json", exclude={"priority"})
+    raw = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def exchange(
+    request: ChatRequest,
+    response: ChatResponse,
+    latency_ms: float,
+    *,
+    model: str = "",
+    constrained: bool = True,
+) -> ModelExchange:
+    """The record of one call."""
+    return ModelExchange(
+        model=model,
+        constrained=constrained,
+        schema_name=request.schema_name if request.response_schema is not None else "text",
+        request_sha256=request_digest(request),
+        prompt_chars=sum(len(m.content or "") for m in request.messages),
+        content=response.content,
+        tool_calls=tuple(
+            RecordedToolCall(id=c.id, name=c.name, arguments=c.arguments)
+            for c in response.tool_calls
+        ),
+        finish_reason=response.finish_reason,
+        prompt_tokens=response.usage.prompt_tokens,
+        completion_tokens=response.usage.completion_tokens,
+        latency_ms=round(latency_ms, 3),
+    )
+
+
+@contextmanager
+def recording() -> Iterator[list[ModelExchange]]:
+    """Record the model calls made through a ``RecordingModelClient`` in this task (and the
+    tasks it starts) until the block ends; yields the tape."""
+    tape: list[ModelExchange] = []
+    token = _TAPE.set(tape)
+    try:
+        yield tape
+    finally:
+        _TAPE.reset(token)
+
+
+class RecordingModelClient:
+    """A ``ModelClient`` that appends each call to the open ``recording()`` tape, if any."""
+
+    def __init__(self, inner: ModelClient) -> None:
+        self.inner = inner
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def supports_json_schema(self) -> bool:
+        return self.inner.supports_json_schema
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        tape = _TAPE.get()
+        if tape is None:
+            return await self.inner.chat(request)
+        started = time.perf_counter()
+        response = await self.inner.chat(request)
+        took = (time.perf_counter() - started) * 1000
+        tape.append(
+            exchange(
+                request,
+                response,
+                took,
+                model=self.inner.name,
+                constrained=self.inner.supports_json_schema,
+            )
+        )
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
