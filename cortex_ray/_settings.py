@@ -467,6 +467,12 @@ class Settings(BaseSettings):
     tool_output_chars: int = Field(
         default=4000, ge=64, description="tool output kept in an observation"
     )
+    stop_after_repeats: int = Field(
+        default=3,
+        ge=0,
+        description="a run whose planner has nothing but a call it already made for this "
+        "many steps in a row ends FAILED, saying so (0: never)",
+    )
     record_decisions: bool = Field(
         default=True,
         description="each autonomous step keeps what its DECIDE saw and its model calls' "
@@ -701,6 +707,7 @@ DECIDE_SETTINGS = (
     "structured_retries",
     "show_action_space",
     "progress_earlier_chars",
+    "stop_after_repeats",
 )
 """The settings that shape what DECIDE asks its model and how it chooses: a step's recording
 keeps their values, and a replay uses them unless told otherwise (docs/evaluation.md)."""

@@ -800,3 +800,30 @@ async def test_a_made_up_write_in_a_re_proposal_is_told_to_the_model() -> None:
     assert "would store values that no result, memory or the goal gave" in retry
     assert "Los, Angeles" in retry
     assert "asked again without remember_fact" in decision.reason
+
+
+async def test_a_run_with_nothing_but_repeats_for_three_steps_ends_failed_saying_so() -> None:
+    searched = observed("memory_search", {"query": "time"}, "[]", 1)
+    again_time = observed("current_time", {}, '{"utc": "2026-12-01T15:00:00+00:00"}', 2)
+    again_search = observed("memory_search", {"query": "time"}, "[]", 3)
+    memory = wm(TIME_SEEN, searched, again_time, again_search)
+
+    def script() -> ScriptedModelClient:
+        return ScriptedModelClient(
+            [
+                proposals(call("current_time")),  # a repeat: the answer is asked for
+                final("It is 09:45 on Friday."),  # made up: refused (no retries here)
+                proposals(call("memory_search", query="time")),  # without current_time
+                final("It is 09:45 on Friday."),  # every tool repeated: the answer, refused
+            ]
+        )
+
+    decision = await driver(script(), structured_retries=0).decide(memory)
+    assert decision.kind is DecisionKind.FINISH and decision.failed
+    assert decision.reason.startswith("no progress: 3 steps in a row had nothing but a call")
+    # One repeat fewer in a row, or the check off: the repeat is chosen as before.
+    shorter = memory.model_copy(update={"observations": memory.observations[:-1]})
+    decision = await driver(script(), structured_retries=0).decide(shorter)
+    assert decision.action is not None and decision.action.tool == "current_time"
+    decision = await driver(script(), structured_retries=0, stop_after_repeats=0).decide(memory)
+    assert decision.action is not None and not decision.failed

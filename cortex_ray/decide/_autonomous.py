@@ -363,6 +363,17 @@ def _arg_text(args: dict[str, Any]) -> str:
     return "\n".join(texts)
 
 
+def _repeats_in_a_row(wm: WorkingMemory) -> int:
+    """How many of the latest observations, in a row, repeat a call made before them."""
+    count = 0
+    for i in range(len(wm.observations) - 1, -1, -1):
+        o = wm.observations[i]
+        if repeat_of(wm.observations[:i], o.tool, o.args) is None:
+            break
+        count += 1
+    return count
+
+
 def _stale(c: Candidate) -> bool:
     """A call that adds nothing: a repeat, or a memory write of values nothing gave."""
     return bool(c.repeats) or (c.kind == "tool" and bool(c.unsupported))
@@ -640,6 +651,18 @@ class AutonomousDriver:
         ]
         if chosen.repeats:
             notes.append(f"repeats step {chosen.repeats}")
+            limit = self.settings.stop_after_repeats
+            if limit and _repeats_in_a_row(wm) + 1 >= limit:
+                # Nothing new for `limit` steps: the rest of the budget would go the same way
+                # (Qwen 1.5B called the same failing knowledge_search five times running).
+                return Decision(
+                    kind=DecisionKind.FINISH,
+                    failed=True,
+                    candidates=tuple(candidates),
+                    selected=chosen.index,
+                    reason=f"no progress: {limit} steps in a row had nothing but a call already "
+                    f"made, and no answer the results support ({'; '.join(notes)})",
+                )
         if chosen.unsupported:
             notes.append(_unsupported_note(chosen))
         if not notes:
