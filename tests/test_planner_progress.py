@@ -686,11 +686,33 @@ async def test_with_parts_left_a_repeat_leads_to_other_calls_not_to_an_answer() 
         [
             json.dumps({"done": [True, False, False], "candidates": [call("current_time")]}),
             proposals(call("remember_fact", fact="It is 15:00 UTC.")),
+            final("It is 15:00 UTC."),  # the answer competes with the new call ...
+            scores(9, 2),  # ... and the evaluation keeps the call the checklist needs
         ]
     )
     decision = await driver(model).decide(memory)
-    assert [r.schema_name for r in model.requests] == ["proposals", "proposals"]
+    asked = [r.schema_name for r in model.requests]
+    assert asked == ["proposals", "proposals", "final_answer", "scores"]
     assert decision.action is not None and decision.action.tool == "remember_fact"
+    assert "the answer competes" in decision.reason
+
+
+async def test_a_re_proposal_that_says_nothing_remains_leads_to_the_answer() -> None:
+    """Pushed off calculate, a small model proposed current_time while saying nothing was
+    left: its new call is not taken, the answer is."""
+    memory = checklist_wm(TIME_SEEN).model_copy(update={"action_space": (TIME, SEARCH, REMEMBER)})
+    model = ScriptedModelClient(
+        [
+            json.dumps({"done": [True, False, False], "candidates": [call("current_time")]}),
+            json.dumps(
+                {"done": [True, True, True], "candidates": [call("memory_search", query="x")]}
+            ),
+            final("It is 15:00 UTC."),
+        ]
+    )
+    decision = await driver(model).decide(memory)
+    assert decision.kind is DecisionKind.FINISH and decision.message == "It is 15:00 UTC."
+    assert "that proposal said nothing remains: asked for the answer" in decision.reason
 
 
 async def test_repeats_narrow_the_tools_step_by_step_until_something_new_comes() -> None:

@@ -504,6 +504,8 @@ class AutonomousDriver:
         candidates: list[Candidate],
         valid: list[Candidate],
         remaining: str,
+        *,
+        answer_tried: bool,
     ) -> tuple[list[Candidate], str, str]:
         """Every valid candidate is stale: the planner is asked again, told which calls it
         repeated, with those tools left out of the schema, and again without the next ones
@@ -531,6 +533,21 @@ class AutonomousDriver:
             if any(c.valid and not c.repeats and not c.unsupported for c in again):
                 without = ", ".join(sorted(str(t) for t in excluded))
                 note = f"every candidate repeated an earlier call; asked again without {without}"
+                # The new call competes with the answer: pushed off the tools it had used,
+                # Qwen 1.5B walked finished tasks through every other tool before it was
+                # asked to answer (calculate had given 395; then current_time,
+                # memory_search, remember_fact), often saying itself that nothing remained.
+                finish = None
+                if not answer_tried:
+                    finish = await self._final_answer(model, wm, index=len(again))
+                if finish is not None and not finish.unsupported:
+                    if nothing_left(said):
+                        return (
+                            [*candidates, finish],
+                            "nothing",
+                            (f"{note}; that proposal said nothing remains: asked for the answer"),
+                        )
+                    return [*again, finish], said or remaining, f"{note}; the answer competes"
                 return again, said or remaining, note
             shown = [c for c in again if c.valid] or shown
             if not any(c.kind == "tool" and _stale(c) and c.tool not in excluded for c in shown):
@@ -538,7 +555,9 @@ class AutonomousDriver:
         # Every tool it has was called again with what it already did (or would store what
         # nothing gave): there is nothing new to do, whatever its checklist says (Qwen 1.5B
         # marked parts undone that its first two steps had done): the answer.
-        finish = await self._final_answer(model, wm, index=len(candidates))
+        finish = None
+        if not answer_tried:
+            finish = await self._final_answer(model, wm, index=len(candidates))
         if finish is not None and not finish.unsupported:
             return (
                 [*candidates, finish],
@@ -576,6 +595,7 @@ class AutonomousDriver:
                     candidates.append(finish)
                     notes.append("nothing remains: asked for the answer")
             valid = [c for c in candidates if c.valid]
+            answer_tried = False  # asked for once in a step at most (each try retries)
             if all(_stale(c) for c in valid) and (not remaining or nothing_left(remaining)):
                 # Every idea repeats a call whose result the planner already has (or stores
                 # what nothing gave), and it names nothing left to do: most often the work
@@ -584,13 +604,14 @@ class AutonomousDriver:
                 # left, it is not (the demo finished with a made-up date, "remember it as a
                 # fact" undone).
                 finish = await self._final_answer(model, wm, index=len(candidates))
+                answer_tried = True
                 if finish is not None and not finish.unsupported:
                     candidates.append(finish)
                     notes.append("every candidate repeats an earlier call: asked for the answer")
                     valid.append(finish)
             if all(_stale(c) for c in valid):
                 candidates, remaining, narrowed = await self._narrowed(
-                    model, wm, k, candidates, valid, remaining
+                    model, wm, k, candidates, valid, remaining, answer_tried=answer_tried
                 )
                 notes.append(narrowed)
         valid = [c for c in candidates if c.valid]
