@@ -23,12 +23,14 @@ from cortex_ray import (
     AgentMode,
     DecisionKind,
     MemorySnapshot,
+    Observation,
+    ObservationStatus,
     Settings,
     ToolSpec,
     Turn,
 )
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
-from cortex_ray.decide._answers import placeholder_note, placeholders
+from cortex_ray.decide._answers import claims_a_write, placeholder_note, placeholders
 from cortex_ray.models import (
     ChatMessage,
     ChatRequest,
@@ -178,21 +180,61 @@ def call(name: str, finish: str = "tool_calls", arguments: str = "{}") -> ChatRe
 
 
 async def test_a_reply_with_a_placeholder_never_reaches_the_person() -> None:
-    # asked again with a note naming the tool: the model calls it
-    model = ScriptedModelClient(["It's currently {{current_time}}.", call("current_time")])
+    # The slot of a tool that takes no arguments: the model said which value it needs, so
+    # the call is made (Qwen 1.5B wrote "[insert current date and time]" twice when asked
+    # again, and the person got a refusal).
+    for reply in ("It's currently {{current_time}}.", "It is [insert current date and time]."):
+        model = ScriptedModelClient([reply])
+        driver = InteractiveDriver(model, PromptComposer(), Settings())
+        decision = await driver.decide(chat_wm("What time is it?"))
+        assert decision.kind is DecisionKind.ACT and decision.action is not None
+        assert decision.action.tool == "current_time" and decision.action.args == {}
+        assert "the value current_time gives: called it" in decision.reason
+        assert len(model.requests) == 1
+
+    # A tool that needs arguments: asked again with a note naming the tool.
+    model = ScriptedModelClient(
+        ["I searched: [memory_search].", call("memory_search", arguments='{"query": "cat"}')]
+    )
     driver = InteractiveDriver(model, PromptComposer(), Settings())
-    decision = await driver.decide(chat_wm("What time is it?"))
-    assert decision.kind is DecisionKind.ACT and decision.action is not None
-    assert decision.action.tool == "current_time"
+    decision = await driver.decide(chat_wm("What is my cat called?"))
+    assert decision.action is not None and decision.action.tool == "memory_search"
     retry = model.requests[1].messages
-    assert retry[-2].content == "It's currently {{current_time}}."
-    assert "call the tool current_time" in (retry[-1].content or "")
+    assert retry[-2].content == "I searched: [memory_search]."
+    assert "call the tool memory_search" in (retry[-1].content or "")
 
     # twice: refused with the reason, nothing to send
     model = ScriptedModelClient(["It is {{ time }}.", "Still {{time}}."])
     decision = await InteractiveDriver(model, PromptComposer(), Settings()).decide(chat_wm("Time?"))
     assert decision.failed and decision.message is None
     assert "{{time}}" in decision.reason and len(model.requests) == 2
+
+
+async def test_a_reply_that_claims_a_write_no_tool_made_is_sent_back_once() -> None:
+    """Qwen 1.5B answered "I have stored the fact that your cat is called Tom" without
+    calling remember_fact: nothing was stored."""
+    said = "I have stored the fact that your cat is called Tom in my long-term memory."
+    fact = '{"subject": "cat", "fact": "the cat is called Tom"}'
+    model = ScriptedModelClient([said, call("remember_fact", arguments=fact)])
+    driver = InteractiveDriver(model, PromptComposer(), Settings())
+    decision = await driver.decide(chat_wm("My cat is called Tom. Remember that."))
+    assert decision.action is not None and decision.action.tool == "remember_fact"
+    note = model.requests[1].messages[-1].content or ""
+    assert "nothing is stored" in note and "remember_fact" in note
+    # After a memory tool ran this turn, the same words are the reply.
+    stored = Observation(
+        tool="remember_fact",
+        action_type=ActionType.LEARNING,
+        status=ObservationStatus.OK,
+        summary='{"remembered": true}',
+    )
+    model = ScriptedModelClient([said])
+    decision = await InteractiveDriver(model, PromptComposer(), Settings()).decide(
+        chat_wm("My cat is called Tom. Remember that.", observations=(stored,))
+    )
+    assert decision.kind is DecisionKind.REPLY and decision.message == said
+    assert len(model.requests) == 1
+    assert not claims_a_write("I cannot store that.") and claims_a_write("I'll remember it.")
 
 
 async def test_a_tool_call_cut_at_the_token_limit_is_refused() -> None:

@@ -20,7 +20,13 @@ import datetime
 import re
 from collections.abc import Iterable
 
-__all__ = ["collapse_lead_in", "placeholder_note", "placeholders", "unsupported_values"]
+__all__ = [
+    "claims_a_write",
+    "collapse_lead_in",
+    "placeholder_note",
+    "placeholders",
+    "unsupported_values",
+]
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([^{}]{0,80}?)\s*\}\}")
 _BRACKETED = re.compile(r"[\[{<]\s*([A-Za-z][\w .-]{0,60}?)\s*[\]}>]")
@@ -161,3 +167,17 @@ def unsupported_values(
         if not supported and raw not in missing:
             missing.append(raw)
     return missing
+
+
+_CLAIMED_WRITE = re.compile(
+    r"\bI(?:'ve|'d| have| had)?\s+(?:now\s+|just\s+|already\s+)?"
+    r"(?:stored|saved|remembered|noted|recorded|memori[sz]ed|written down)\b"
+    r"|\bI(?:'ll| will)\s+(?:remember|store|save|keep in mind)\b",
+    re.IGNORECASE,
+)
+
+
+def claims_a_write(text: str) -> bool:
+    """The reply says the agent stored something ("I have stored the fact that ...", "I'll
+    remember that"): true only if a memory tool was called, which the driver checks."""
+    return _CLAIMED_WRITE.search(text) is not None

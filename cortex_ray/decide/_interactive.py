@@ -11,6 +11,13 @@ refused too (its arguments are incomplete); a repeated lead-in is said once.
 A tool call that repeats one this turn already made, with the same arguments, is not made
 again: its result is in the prompt, so the model is asked for its reply instead, told so
 (small models otherwise call the same tool every round until the round limit).
+
+Two repairs for what the agent benchmark measured Qwen 1.5B doing in conversations: a reply
+whose placeholder stands for the value of a tool that takes no arguments ("It is [insert
+current date and time]": ``current_time``) becomes that call, since the model said which
+value it needed; and a reply that says it stored something ("I have stored the fact that
+your cat is called Tom") when no memory tool was called this turn is sent back once, told
+that nothing was stored and which tool stores it.
 """
 
 from __future__ import annotations
@@ -20,8 +27,20 @@ from typing import Any
 
 from cortex_ray._settings import Settings
 from cortex_ray._tracing import tracer
-from cortex_ray._types import AgentAction, Decision, DecisionKind, WorkingMemory
-from cortex_ray.decide._answers import collapse_lead_in, placeholder_note, placeholders
+from cortex_ray._types import (
+    ActionType,
+    AgentAction,
+    Decision,
+    DecisionKind,
+    ToolSpec,
+    WorkingMemory,
+)
+from cortex_ray.decide._answers import (
+    claims_a_write,
+    collapse_lead_in,
+    placeholder_note,
+    placeholders,
+)
 from cortex_ray.decide._critic import Critic
 from cortex_ray.models import ChatMessage, ChatRequest, ChatResponse, ModelClient
 from cortex_ray.perceive import PromptComposer, call_text, repeat_of
@@ -70,6 +89,42 @@ class InteractiveDriver:
             response = await self.model.chat(request)
             names = [t.name for t in tools]
             found = placeholders(response.content or "", names) if not response.tool_calls else []
+            slot = self._slot_tool(found, tools) if found else None
+            if slot is not None and repeat_of(wm.observations, slot.name, {}) is None:
+                return Decision(
+                    kind=DecisionKind.ACT,
+                    action=AgentAction(tool=slot.name, args={}, action_type=slot.action_type),
+                    reason=f"the reply held {', '.join(found)}, the value {slot.name} gives: "
+                    "called it",
+                )
+            learning = [t.name for t in tools if t.action_type is ActionType.LEARNING]
+            wrote = any(o.action_type is ActionType.LEARNING for o in wm.observations)
+            claimed = (
+                not found
+                and not response.tool_calls
+                and learning
+                and not wrote
+                and claims_a_write(response.content or "")
+            )
+            if claimed:
+                found, note = (
+                    [],
+                    (
+                        "Your reply says you stored it, but you called no tool, so nothing is "
+                        f"stored. Call {' or '.join(learning)} to store it, then answer."
+                    ),
+                )
+                response = await self.model.chat(
+                    request.model_copy(
+                        update={
+                            "messages": (
+                                *messages,
+                                ChatMessage(role="assistant", content=response.content),
+                                ChatMessage(role="user", content=note),
+                            )
+                        }
+                    )
+                )
             if found:  # once more, told why
                 note = placeholder_note(found, names)
                 response = await self.model.chat(
@@ -116,6 +171,16 @@ class InteractiveDriver:
                 update={"message": review.answer, "reason": f"{decision.reason}; {review.note()}"}
             )
         return decision
+
+    @staticmethod
+    def _slot_tool(found: list[str], tools: list[ToolSpec]) -> ToolSpec | None:
+        """The one tool without required arguments whose value the placeholders stand for
+        (its name, or every word of it, in the slot), or None."""
+        callable_ = [t for t in tools if not t.parameters.get("required")]
+        named = [
+            t for t in callable_ if "call the tool " + t.name in placeholder_note(found, [t.name])
+        ]
+        return named[0] if len(named) == 1 else None
 
     @staticmethod
     def _repeated(wm: WorkingMemory, response: ChatResponse) -> tuple[int, str] | None:
