@@ -533,21 +533,18 @@ class AutonomousDriver:
             if any(c.valid and not c.repeats and not c.unsupported for c in again):
                 without = ", ".join(sorted(str(t) for t in excluded))
                 note = f"every candidate repeated an earlier call; asked again without {without}"
-                # The new call competes with the answer: pushed off the tools it had used,
-                # Qwen 1.5B walked finished tasks through every other tool before it was
-                # asked to answer (calculate had given 395; then current_time,
-                # memory_search, remember_fact), often saying itself that nothing remained.
-                finish = None
-                if not answer_tried:
-                    finish = await self._final_answer(model, wm, index=len(again))
-                if finish is not None and not finish.unsupported:
-                    if nothing_left(said):
-                        return (
-                            [*candidates, finish],
-                            "nothing",
-                            (f"{note}; that proposal said nothing remains: asked for the answer"),
-                        )
-                    return [*again, finish], said or remaining, f"{note}; the answer competes"
+                # A re-proposal that says nothing remains leads to the answer, not to its
+                # new call: pushed off the tools it had used, Qwen 1.5B walked finished
+                # tasks through every other tool (calculate had given 395; then
+                # current_time, memory_search, remember_fact), saying itself that nothing
+                # remained. With parts left the new call is taken: letting the answer
+                # compete, the evaluation chose it over the remember_fact the checklist
+                # still named (measured on the demo task).
+                if nothing_left(said) and not answer_tried:
+                    finish = await self._final_answer(model, wm, index=len(candidates))
+                    if finish is not None and not finish.unsupported:
+                        said_so = "that proposal said nothing remains: asked for the answer"
+                        return [*candidates, finish], "nothing", f"{note}; {said_so}"
                 return again, said or remaining, note
             shown = [c for c in again if c.valid] or shown
             if not any(c.kind == "tool" and _stale(c) and c.tool not in excluded for c in shown):
