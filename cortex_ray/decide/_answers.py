@@ -25,6 +25,7 @@ __all__ = [
     "collapse_lead_in",
     "placeholder_note",
     "placeholders",
+    "tools_named",
     "unsupported_values",
 ]
 
@@ -81,14 +82,19 @@ def collapse_lead_in(text: str) -> str:
     return f"{lead} {rest}" if repeated else text
 
 
-def placeholder_note(found: list[str], tools: Iterable[str]) -> str:
-    """What the model is told when its answer holds ``found`` placeholders."""
+def tools_named(found: list[str], tools: Iterable[str]) -> list[str]:
+    """The tools whose value the placeholders stand for: named in one, or with every word of
+    the name in them ("[insert current date and time]" → ``current_time``), sorted."""
     by_key = {_tool_key(t): t for t in tools}
     named = {by_key[k] for p in found if (k := _named(p)) in by_key}
-    # "[insert current date and time]" names no tool, but holds every word of current_time.
     words = {w for p in found for w in re.findall(r"[a-z]+", p.casefold())}
     named |= {t for k, t in by_key.items() if set(k.split("_")) <= words}
-    callable_ = sorted(named)
+    return sorted(named)
+
+
+def placeholder_note(found: list[str], tools: Iterable[str]) -> str:
+    """What the model is told when its answer holds ``found`` placeholders."""
+    callable_ = tools_named(found, tools)
     what = ", ".join(found)
     if callable_:
         how = f"To get that value, call the tool {' or '.join(callable_)} first."

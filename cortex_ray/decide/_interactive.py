@@ -40,6 +40,7 @@ from cortex_ray.decide._answers import (
     collapse_lead_in,
     placeholder_note,
     placeholders,
+    tools_named,
 )
 from cortex_ray.decide._critic import Critic
 from cortex_ray.models import ChatMessage, ChatRequest, ChatResponse, ModelClient
@@ -176,11 +177,9 @@ class InteractiveDriver:
     def _slot_tool(found: list[str], tools: list[ToolSpec]) -> ToolSpec | None:
         """The one tool without required arguments whose value the placeholders stand for
         (its name, or every word of it, in the slot), or None."""
-        callable_ = [t for t in tools if not t.parameters.get("required")]
-        named = [
-            t for t in callable_ if "call the tool " + t.name in placeholder_note(found, [t.name])
-        ]
-        return named[0] if len(named) == 1 else None
+        named = set(tools_named(found, [t.name for t in tools]))
+        callable_ = [t for t in tools if t.name in named and not t.parameters.get("required")]
+        return callable_[0] if len(named) == 1 and callable_ else None
 
     @staticmethod
     def _repeated(wm: WorkingMemory, response: ChatResponse) -> tuple[int, str] | None:
