@@ -2,7 +2,8 @@
 
 OURS      ``Runtime.run_autonomous(max_steps=N)`` with a zero-latency model and embedder:
           every step is PERCEIVE (one memory read), DECIDE (propose; one candidate, so the
-          evaluate call is skipped), ACT (the built-in ``current_time`` tool through the
+          evaluate call is skipped), ACT (a trivial bench tool, ``tick(n)``: the clock and
+          the step's number, a new argument each step so that no call repeats, through the
           invocation gate) and LEARN (one transaction: ledger + audit + memory rows, the
           three statements pipelined, so BEGIN, one round trip, COMMIT); the last
           step is a finish. Per-run bookkeeping (load the agent, create the run, record its end)
@@ -30,7 +31,7 @@ alike. An instrumented pass afterwards splits OURS's step into its phases (exclu
 
 Zero-latency stand-ins:
 - model: ``ScriptedModelClient`` whose responder reads each request's ``response_schema``:
-  ``candidates`` → one ``current_time`` candidate (a finish at the last step, read from the
+  ``candidates`` → one ``tick`` candidate (a finish at the last step, read from the
   prompt's "Step i of N."), ``scores`` → a score per candidate, ``importance`` → 5;
 - embedder: ``HashEmbedder`` (``embedding_backend="hash"``);
 - importance: ``HeuristicImportanceScorer()`` is passed to ``Runtime.open``, so no model call
@@ -77,6 +78,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from cortex_ray import AgentMode, RunStatus, Runtime, Settings, Step, run_main, run_stoppable
+from cortex_ray.act import Tool, ToolContext
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient
 
@@ -87,8 +89,33 @@ GOAL = "Report the current date and time."
 # --- the zero-latency model ---------------------------------------------------------------
 
 _STEP = re.compile(r"Step (\d+) of (\d+)\.")
-_ACT = json.dumps(
-    {"candidates": [{"tool": "current_time", "args": {}, "rationale": "read the clock"}]}
+
+
+def _act(step: int) -> str:
+    # A new argument each step: the planner treats a call made again with the same
+    # arguments as a repeat (it asks for the answer instead, and ends a run of repeats).
+    call = {"tool": "tick", "args": {"n": step}, "rationale": "count the step"}
+    return json.dumps({"candidates": [call]})
+
+
+async def _tick(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    return {"n": args["n"], "utc": datetime.now(UTC).isoformat(timespec="seconds")}
+
+
+# The built-ins (what an agent gets by default) and the bench's tick.
+AGENT_TOOLS = ["current_time", "memory_search", "remember_fact", "propose_procedural_edit", "tick"]
+
+TICK = Tool(
+    name="tick",
+    description="Count a step and read the clock.",
+    handler=_tick,
+    parameters={
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    },
+    idempotent=True,
 )
 _FINISH = json.dumps(
     {"candidates": [{"finish": True, "message": "It is now.", "rationale": "the objective is met"}]}
@@ -103,8 +130,8 @@ def respond(request: ChatRequest) -> str:
         for message in reversed(request.messages):
             found = _STEP.search(message.content or "") if message.role == "user" else None
             if found:
-                return _FINISH if int(found[1]) >= int(found[2]) else _ACT
-        return _ACT
+                return _FINISH if int(found[1]) >= int(found[2]) else _act(int(found[1]))
+        return _act(0)
     if "scores" in props:
         n = int(props["scores"].get("maxItems", 1))
         return json.dumps({"scores": [5] * n})
@@ -465,7 +492,7 @@ def instrument(runtime: Runtime) -> PhaseTimer:
     wrap("memory", "snapshot", SNAPSHOT)
     wrap("assembler", "assemble", "PERCEIVE: build WorkingMemory")
     wrap("autonomous", "decide", "DECIDE: render, structured call, validate")
-    wrap("dispatcher", "execute", "ACT: invocation gate + current_time")
+    wrap("dispatcher", "execute", "ACT: invocation gate + tick")
     wrap("memory", "prepare", "LEARN: prepare memory (embed, importance)")
     for name in ("insert_step", "insert_audit", "finish_run"):
         wrap("store", name, "LEARN: INSERT/UPDATE statements (queued)")
@@ -505,14 +532,24 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> int:
     )
     model = ScriptedModelClient(responder=respond, name="zero-latency")
     runtime = await Runtime.open(
-        settings, model=model, embedder=HashEmbedder(384), importance=HeuristicImportanceScorer()
+        settings,
+        model=model,
+        embedder=HashEmbedder(384),
+        importance=HeuristicImportanceScorer(),
+        tools=[TICK],
     )
     conn = None
     try:
         org = f"bench-{uuid.uuid4().hex[:10]}"
-        ours_agent = await runtime.create_agent(org, "bench-ours", mode=AgentMode.AUTONOMOUS)
-        same_agent = await runtime.create_agent(org, "bench-same", mode=AgentMode.AUTONOMOUS)
-        base_agent = await runtime.create_agent(org, "bench-baseline", mode=AgentMode.AUTONOMOUS)
+        ours_agent = await runtime.create_agent(
+            org, "bench-ours", mode=AgentMode.AUTONOMOUS, tools=AGENT_TOOLS
+        )
+        same_agent = await runtime.create_agent(
+            org, "bench-same", mode=AgentMode.AUTONOMOUS, tools=AGENT_TOOLS
+        )
+        base_agent = await runtime.create_agent(
+            org, "bench-baseline", mode=AgentMode.AUTONOMOUS, tools=AGENT_TOOLS
+        )
         ours = Ours(runtime, model, org, ours_agent.id)
 
         # Like the runtime's pool: autocommit, explicit BEGIN/COMMIT via transaction(), the
