@@ -7,9 +7,10 @@ API    ``POST /api/orgs/{org}/tasks`` then ``GET .../tasks/{id}?wait=30`` (a lon
        the replica). A task's latency is POST sent → terminal status received.
 CORE   ``Runtime.run_autonomous`` in this process on the same database.
 
-Both use a zero-latency ``ScriptedModelClient`` (``current_time`` every step, a finish at the
-last), the ``HashEmbedder`` and the ``HeuristicImportanceScorer``, so the numbers are the
-runtime's and the API's own cost. Per-step latency = task latency / steps. Two phases, each
+Both use a zero-latency ``ScriptedModelClient`` (a bench tool ``tick(n)`` every step, with
+a new argument each so that no call repeats, a finish at the last), the ``HashEmbedder``
+and the ``HeuristicImportanceScorer``, so the numbers are the runtime's and the API's own
+cost. Per-step latency = task latency / steps. Two phases, each
 warmed up: sequential (one task at a time; API and core interleaved in rounds so drift
 cancels), then concurrent (N clients, each running tasks back to back; then N concurrent
 core runs). Target: API per-step ≤ 1.3 × core per-step + 5 ms; errors 0.
@@ -31,7 +32,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from cortex_ray import (
     run_main,
     run_stoppable,
 )
+from cortex_ray.act import Tool, ToolContext
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient
 from serve import ApiOptions, build_api
@@ -64,7 +66,30 @@ APP = "cortex-api-bench"
 # --- the zero-latency model (pickled by value into the replica: this is __main__) -------
 
 _STEP = re.compile(r"Step (\d+) of (\d+)\.")
-_ACT = json.dumps({"candidates": [{"tool": "current_time", "args": {}, "rationale": "clock"}]})
+
+
+def _act(step: int) -> str:
+    # A new argument each step: a call made again with the same arguments is a repeat to
+    # the planner (it would ask for the answer, and end a run of repeats).
+    return json.dumps({"candidates": [{"tool": "tick", "args": {"n": step}, "rationale": "r"}]})
+
+
+async def _tick(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    return {"n": args["n"], "utc": datetime.now(UTC).isoformat(timespec="seconds")}
+
+
+TICK = Tool(
+    name="tick",
+    description="Count a step and read the clock.",
+    handler=_tick,
+    parameters={
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    },
+    idempotent=True,
+)
 _FINISH = json.dumps({"candidates": [{"finish": True, "message": "It is now.", "rationale": "ok"}]})
 
 
@@ -74,8 +99,8 @@ def respond(request: ChatRequest) -> str:
         for message in reversed(request.messages):
             found = _STEP.search(message.content or "") if message.role == "user" else None
             if found:
-                return _FINISH if int(found[1]) >= int(found[2]) else _ACT
-        return _ACT
+                return _FINISH if int(found[1]) >= int(found[2]) else _act(int(found[1]))
+        return _act(0)
     if "scores" in props:
         return json.dumps({"scores": [5] * int(props["scores"].get("maxItems", 1))})
     if "best" in props:
@@ -92,6 +117,7 @@ async def open_runtime(settings: Settings) -> Runtime:
         model=ScriptedModelClient(responder=respond, name="zero-latency"),
         embedder=HashEmbedder(384),
         importance=HeuristicImportanceScorer(),
+        tools=[TICK],
     )
 
 
@@ -218,7 +244,18 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> int:
             id="bench", org_id=org, is_admin=True, grant=Grant(tools=frozenset({"*"}))
         )
         key, _ = await runtime.store.create_api_key(admin, "api_load")
-        agent = await runtime.create_agent(org, "load-worker", mode=AgentMode.AUTONOMOUS)
+        agent = await runtime.create_agent(
+            org,
+            "load-worker",
+            mode=AgentMode.AUTONOMOUS,
+            tools=[
+                "current_time",
+                "memory_search",
+                "remember_fact",
+                "propose_procedural_edit",
+                "tick",
+            ],
+        )
 
         t0 = time.perf_counter()
         ray.init(

@@ -23,6 +23,7 @@ from cortex_ray import (
     Observation,
     ObservationStatus,
     ScoredMemory,
+    ToolSpec,
     Turn,
     WorkingMemory,
 )
@@ -175,6 +176,21 @@ def test_action_space_is_grouped_and_behind_a_setting() -> None:
     # The planner writes arguments itself: it sees each tool's parameters and types.
     assert "- remember_fact(subject: string, fact: string):" in block
     assert '- propose_procedural_edit(field: "persona"|"skills", value: string' in block
+    # An optional parameter's default is shown (a required one has none to show).
+    lookup = ToolSpec(
+        name="lookup",
+        description="Look a user up.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "user": {"type": "integer", "default": 1},
+                "database": {"type": "string", "default": "CustomerInfo"},
+            },
+            "required": ["user"],
+        },
+    )
+    shown = PromptComposer().action_space_block(wm.model_copy(update={"action_space": (lookup,)}))
+    assert '- lookup(user: integer, database?: string = "CustomerInfo"):' in shown
     hidden = PromptComposer(show_action_space=False)
     assert hidden.action_space_block(wm) == ""
     assert "Action space" not in as_text(hidden.render(wm))

@@ -84,7 +84,14 @@ def _signature(tool: Any) -> str:
     for name, schema in props.items():
         schema = schema if isinstance(schema, dict) else {}
         mark = "" if name in required else "?"
-        params.append(f"{name}{mark}: {_type_text(schema)}")
+        # An optional parameter's default, as the schema gives it: without it, Qwen 1.5B
+        # filled optional arguments with values nobody gave (docs/benchmarks.md, BFCL).
+        default = (
+            f" = {json.dumps(schema['default'], ensure_ascii=False)}"
+            if "default" in schema and name not in required
+            else ""
+        )
+        params.append(f"{name}{mark}: {_type_text(schema)}{default}")
         about = str(schema.get("description", "")).strip()
         if about:
             if len(about) > PARAMETER_CHARS:
