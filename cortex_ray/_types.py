@@ -208,6 +208,9 @@ class Candidate(_Model):
     unsupported: tuple[str, ...] = ()
     """Numbers in a finish's answer that neither the objective, the results observed nor
     the memories recalled contain: values the model made up."""
+    dropped: dict[str, Any] = Field(default_factory=dict)
+    """Optional arguments the model filled with values nothing gave, left out of the call
+    (the tool's default applies): name → the value proposed."""
 
 
 class DecisionKind(StrEnum):

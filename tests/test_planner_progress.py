@@ -847,3 +847,102 @@ async def test_a_run_with_nothing_but_repeats_for_three_steps_ends_failed_saying
     assert decision.action is not None and decision.action.tool == "current_time"
     decision = await driver(script(), structured_retries=0, stop_after_repeats=0).decide(memory)
     assert decision.action is not None and not decision.failed
+
+
+# --- optional arguments nothing gave ------------------------------------------------------
+
+FIND = ToolSpec(
+    name="find_instrument",
+    description="Search for a musical instrument within a budget.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "budget": {"type": "integer"},
+            "type": {"type": "string"},
+            "make": {"type": "string", "description": "Maker. Default to not use."},
+            "scale": {"enum": ["high", "medium", "low"], "default": "medium"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "limit": {"type": "integer"},
+        },
+        "required": ["budget", "type"],
+        "additionalProperties": False,
+    },
+    action_type=ActionType.GROUNDING,
+)
+
+
+PLAIN = "Find me an acoustic guitar under $1000, the cheapest."
+NAMED = "Find me an acoustic guitar under $1000 from Yamaha or the like."
+
+
+@pytest.mark.parametrize(
+    ("goal", "args", "dropped"),
+    [
+        # BFCL simple_python_280 and 229: values nobody named, in optional arguments.
+        (PLAIN, {"budget": 1000, "type": "acoustic", "make": "Yamaha"}, ["make"]),
+        (PLAIN, {"budget": 1000, "type": "acoustic", "scale": "high"}, ["scale"]),
+        (PLAIN, {"budget": 1000, "type": "acoustic", "tags": ["vintage", "rare"]}, ["tags"]),
+        # A word too common to say where a value came from is no evidence.
+        (PLAIN, {"budget": 1000, "type": "acoustic", "make": "the best"}, ["make"]),
+        # Given by the goal (any word of it, any case), or the declared default: kept.
+        (NAMED, {"budget": 1000, "type": "acoustic", "make": "yamaha pianos"}, []),
+        (PLAIN, {"budget": 1000, "type": "acoustic", "scale": "medium"}, []),
+        (PLAIN, {"budget": 1000, "type": "acoustic", "tags": ["Guitar"]}, []),
+        # Required arguments, numbers and empty strings are not judged here.
+        (PLAIN, {"budget": 5, "type": "electric"}, []),
+        (PLAIN, {"budget": 1000, "type": "acoustic", "limit": 7, "make": ""}, []),
+    ],
+)
+def test_optional_arguments_nothing_gave_are_found(
+    goal: str, args: dict[str, Any], dropped: list[str]
+) -> None:
+    from cortex_ray.decide._answers import made_up_optionals
+
+    assert made_up_optionals(FIND.parameters, args, [goal]) == dropped
+
+
+async def test_a_made_up_optional_argument_is_left_out_and_the_step_says_so() -> None:
+    objective = "Find an acoustic instrument within my budget of $1000."
+    memory = wm().model_copy(update={"objective": objective, "action_space": (FIND,)})
+    proposal = call("find_instrument", budget=1000, type="acoustic", make="Yamaha")
+    model = ScriptedModelClient([proposals(proposal)])
+    decision = await driver(model, candidates=1).decide(memory)
+    assert decision.action is not None
+    assert decision.action.args == {"budget": 1000, "type": "acoustic"}
+    assert decision.candidates[0].dropped == {"make": "Yamaha"}
+    assert "left out make='Yamaha'" in decision.reason
+
+    # Named in the goal, the same value is the person's, and it is sent.
+    memory = memory.model_copy(update={"objective": f"{objective} A Yamaha, please."})
+    model = ScriptedModelClient([proposals(proposal)])
+    decision = await driver(model, candidates=1).decide(memory)
+    assert decision.action is not None and decision.action.args["make"] == "Yamaha"
+    assert decision.candidates[0].dropped == {}
+
+
+async def test_an_interactive_call_leaves_out_an_optional_value_nobody_gave() -> None:
+    from cortex_ray import Turn
+    from cortex_ray.decide import InteractiveDriver
+    from cortex_ray.models import ChatResponse, ToolCall
+
+    args = '{"budget": 1000, "type": "acoustic", "make": "Yamaha"}'
+    made = ChatResponse(tool_calls=(ToolCall(id="c1", name="find_instrument", arguments=args),))
+
+    def turn(said: str) -> WorkingMemory:
+        return wm().model_copy(
+            update={
+                "mode": AgentMode.INTERACTIVE,
+                "action_space": (FIND,),
+                "conversation": (Turn(role="user", content=said),),
+            }
+        )
+
+    driver_ = InteractiveDriver(ScriptedModelClient([made]), PromptComposer(), Settings())
+    decision = await driver_.decide(turn("An acoustic instrument for $1000?"))
+    assert decision.action is not None
+    assert decision.action.args == {"budget": 1000, "type": "acoustic"}
+    assert "left out make='Yamaha'" in decision.reason
+
+    driver_ = InteractiveDriver(ScriptedModelClient([made]), PromptComposer(), Settings())
+    decision = await driver_.decide(turn("A Yamaha, acoustic, for $1000?"))
+    assert decision.action is not None and decision.action.args["make"] == "Yamaha"

@@ -19,10 +19,15 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import Iterable
+from typing import Any
+
+from cortex_ray._types import MemoryKind, WorkingMemory
 
 __all__ = [
     "claims_a_write",
     "collapse_lead_in",
+    "evidence_of",
+    "made_up_optionals",
     "placeholder_note",
     "placeholders",
     "tools_named",
@@ -173,6 +178,68 @@ def unsupported_values(
         if not supported and raw not in missing:
             missing.append(raw)
     return missing
+
+
+def evidence_of(wm: WorkingMemory) -> list[str]:
+    """What a value may come from: the objective, what the person said in the conversation,
+    the results, the memories; once the run has results, not earlier runs' episodes (a
+    made-up date in an earlier demo's result was recalled and copied into the next run's
+    answer)."""
+    acted = bool(wm.observations)
+    return [
+        wm.objective,
+        *(t.content for t in wm.conversation if t.role != "assistant"),
+        *(o.summary for o in wm.observations),
+        *(o.output if isinstance(o.output, str) else "" for o in wm.observations),
+        *(
+            hit.memory.content
+            for hit in wm.snapshot.recalled
+            if not (acted and hit.memory.kind is MemoryKind.EPISODIC)
+        ),
+    ]
+
+
+_WORD = re.compile(r"\w+")
+
+
+# Words too common to say where a value came from ("the best" is not given by "the").
+_COMMON = frozenset({"the", "and", "for", "with", "from", "that", "this", "are", "was", "its"})
+
+
+def _words(text: str) -> set[str]:
+    found = {w.casefold() for w in _WORD.findall(text)}
+    return {w for w in found if (len(w) > 2 or w.isdigit()) and w not in _COMMON}
+
+
+def made_up_optionals(
+    parameters: dict[str, Any], args: dict[str, Any], evidence: Iterable[str]
+) -> list[str]:
+    """The optional arguments of a call whose text nothing gave: a string value (or every
+    string of a list) sharing no word with ``evidence`` (the objective, the results, the
+    memories), other than the parameter's declared default. Left out, the tool applies its
+    own default; filled in, the call acts on a value the model made up (BFCL: ``make``
+    "Yamaha" for "an acoustic instrument under $1000", ``scale`` "high" where nobody named a
+    scale and the default is medium). Required arguments are kept: the call needs them, and
+    a value written differently ("New York" for "New York, NY") is still the person's.
+    Numbers and booleans are kept: an optional number is most often a knob (``k``,
+    ``limit``), not a fact."""
+    properties = parameters.get("properties") or {}
+    required = set(parameters.get("required") or ())
+    known: set[str] = set()
+    for text in evidence:
+        known |= _words(text)
+    out = []
+    for name, value in args.items():
+        if name in required or name not in properties:
+            continue
+        spec = properties[name] if isinstance(properties[name], dict) else {}
+        if "default" in spec and spec["default"] == value:
+            continue
+        texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        strings = [t for t in texts if isinstance(t, str) and _words(t)]
+        if strings and len(strings) == len(texts) and not any(_words(t) & known for t in strings):
+            out.append(name)
+    return out
 
 
 _CLAIMED_WRITE = re.compile(

@@ -21,6 +21,11 @@
   Scores that carry no judgement (all equal, or following the proposal order in equal
   steps over three or more candidates: 1, 2, 3 or 9, 8, 7) are not used: the planner's
   order is kept, and the step log says so; so is it when the evaluation fails.
+- An optional argument whose text nothing gave (not the objective, a result or a memory) is
+  left out of a candidate (``Candidate.dropped``, said in the step log), so the tool's
+  default applies: on BFCL Qwen 1.5B filled ``make`` "Yamaha" for "an acoustic instrument"
+  and ``scale`` "high" where nobody named a scale. Required arguments, numbers and booleans
+  are kept (``made_up_optionals``).
 - Once the run has observations the proposal first marks the objective's parts done (or
   says what remains); when nothing does and no answer was proposed, one is asked for and
   competes with the proposed calls.
@@ -45,12 +50,13 @@ from cortex_ray._types import (
     Candidate,
     Decision,
     DecisionKind,
-    MemoryKind,
     ToolSpec,
     WorkingMemory,
 )
 from cortex_ray.decide._answers import (
     collapse_lead_in,
+    evidence_of,
+    made_up_optionals,
     placeholder_note,
     placeholders,
     unsupported_values,
@@ -363,6 +369,16 @@ def _arg_text(args: dict[str, Any]) -> str:
     return "\n".join(texts)
 
 
+def _without_made_up(c: Candidate, parameters: dict[str, Any], evidence: list[str]) -> Candidate:
+    """``c`` without the optional arguments whose values nothing gave (``made_up_optionals``):
+    the tool's default applies, and the candidate says what was left out."""
+    dropped = made_up_optionals(parameters, c.args, evidence)
+    if not dropped:
+        return c
+    args = {k: v for k, v in c.args.items() if k not in dropped}
+    return c.model_copy(update={"args": args, "dropped": {k: c.args[k] for k in dropped}})
+
+
 def _repeats_in_a_row(wm: WorkingMemory) -> int:
     """How many of the latest observations, in a row, repeat a call made before them."""
     count = 0
@@ -377,23 +393,6 @@ def _repeats_in_a_row(wm: WorkingMemory) -> int:
 def _stale(c: Candidate) -> bool:
     """A call that adds nothing: a repeat, or a memory write of values nothing gave."""
     return bool(c.repeats) or (c.kind == "tool" and bool(c.unsupported))
-
-
-def _evidence(wm: WorkingMemory) -> list[str]:
-    """What an answer's values may come from: the objective, the results, the memories;
-    once the run has results, not earlier runs' episodes (a made-up date in an earlier
-    demo's result was recalled and copied into the next run's answer)."""
-    acted = bool(wm.observations)
-    return [
-        wm.objective,
-        *(o.summary for o in wm.observations),
-        *(o.output if isinstance(o.output, str) else "" for o in wm.observations),
-        *(
-            hit.memory.content
-            for hit in wm.snapshot.recalled
-            if not (acted and hit.memory.kind is MemoryKind.EPISODIC)
-        ),
-    ]
 
 
 class AutonomousDriver:
@@ -442,8 +441,15 @@ class AutonomousDriver:
             schema_name="proposals",
             retries=self.settings.structured_retries,
         )
-        evidence = _evidence(wm)
+        evidence = evidence_of(wm)
         learning = {t.name for t in tools if t.action_type is ActionType.LEARNING}
+        specs = {t.name: t for t in tools}
+        candidates = [
+            _without_made_up(c, specs[c.tool].parameters, evidence)
+            if c.valid and c.kind == "tool" and c.tool in specs
+            else c
+            for c in candidates
+        ]
         flagged = [
             c.model_copy(
                 update={
@@ -471,7 +477,7 @@ class AutonomousDriver:
         """A finish asked for on its own (the only shape the schema admits), or None."""
         tools = wm.action_space
 
-        evidence = _evidence(wm)
+        evidence = evidence_of(wm)
 
         def validate(raw: Any) -> Candidate:
             (c,) = parse_candidates({"candidates": [raw]}, tools, 1)
@@ -683,6 +689,9 @@ class AutonomousDriver:
                 )
         if chosen.unsupported:
             notes.append(_unsupported_note(chosen))
+        if chosen.dropped:
+            left_out = ", ".join(f"{k}={v!r}" for k, v in chosen.dropped.items())
+            notes.append(f"left out {left_out}: optional, and nothing gave the value")
         if not notes:
             notes.append(f"argmax score {scores[chosen.index]:g}")
         if remaining:

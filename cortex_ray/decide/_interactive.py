@@ -18,6 +18,10 @@ current date and time]": ``current_time``) becomes that call, since the model sa
 value it needed; and a reply that says it stored something ("I have stored the fact that
 your cat is called Tom") when no memory tool was called this turn is sent back once, told
 that nothing was stored and which tool stores it.
+
+An optional argument whose text nothing gave (not the person, a result or a memory) is left
+out of the call, so the tool's default applies (``made_up_optionals``), as in the autonomous
+planner.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from cortex_ray._types import (
 from cortex_ray.decide._answers import (
     claims_a_write,
     collapse_lead_in,
+    evidence_of,
+    made_up_optionals,
     placeholder_note,
     placeholders,
     tools_named,
@@ -212,17 +218,26 @@ class InteractiveDriver:
                 args = json.loads(call.arguments or "{}", strict=False)
             except json.JSONDecodeError:
                 args = {"_unparsed": call.arguments}
-            action_type = next(
-                (t.action_type for t in wm.action_space if t.name == call.name), None
-            )
+            spec = next((t for t in wm.action_space if t.name == call.name), None)
+            if not isinstance(args, dict):
+                args = {"_unparsed": call.arguments}
+            reason = "tool call chosen by the chat model"
+            if spec is not None and (
+                dropped := made_up_optionals(spec.parameters, args, evidence_of(wm))
+            ):
+                # As in the autonomous planner: an optional value nothing in the conversation,
+                # the results or the memories gave is left to the tool's default.
+                left_out = ", ".join(f"{k}={args[k]!r}" for k in dropped)
+                args = {k: v for k, v in args.items() if k not in dropped}
+                reason += f"; left out {left_out}: optional, and nothing gave the value"
             return Decision(
                 kind=DecisionKind.ACT,
                 action=AgentAction(
                     tool=call.name,
-                    args=args if isinstance(args, dict) else {"_unparsed": call.arguments},
-                    **({"action_type": action_type} if action_type else {}),
+                    args=args,
+                    **({"action_type": spec.action_type} if spec else {}),
                 ),
-                reason="tool call chosen by the chat model",
+                reason=reason,
             )
         text = collapse_lead_in((response.content or "").strip())
         if not text:

@@ -291,11 +291,20 @@ class PromptComposer:
 
     def render_proposal(self, wm: WorkingMemory, k: int) -> list[ChatMessage]:
         """The planner's PROPOSE call: up to ``k`` candidate next actions."""
-        ask = (
-            f"Propose up to {k} different candidate next actions. Each is either a tool call "
+        # "Propose up to 1 different candidate" made Qwen 1.5B take a neighbour of the right
+        # function (BFCL `multiple`: 1 of 6 lost cases right, against 5 of 6 asked for "the
+        # next action"): asked for *different* ideas, it avoids the obvious one.
+        shape = (
             '{"tool": name, "args": {...}, "rationale": why} or, if the objective is met, '
             '{"finish": true, "message": the final answer, "rationale": why}.'
         )
+        if k == 1:
+            ask = f"Propose the next action: a tool call {shape}"
+        else:
+            ask = (
+                f"Propose up to {k} different candidate next actions. Each is either a tool "
+                f"call {shape}"
+            )
         parts = objective_parts(wm.objective)
         if wm.observations and parts:
             # A checklist the model marks part by part: measured more reliable than asking
