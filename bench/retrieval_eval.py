@@ -6,13 +6,20 @@ bm25            ``KnowledgeService.search(tiers=["bm25"])``: BM25 computed in Po
 dense           ``tiers=["passage_dense"]``: MiniLM passage vectors, pgvector HNSW (halfvec)
 rrf             BM25 + dense, reciprocal-rank fusion (k=60)
 weighted@w      BM25 + dense, min-max normalised score fusion, BM25 weight w
+zscore@w        BM25 + dense, standardised score fusion, BM25 weight w
+default         BM25 + dense, fused as ``RetrievalConfig()``'s defaults (what users get)
 fused+rerank    skipped unless a cross-encoder is available (none ships in a package here)
-bm25s (ref)     the ``bm25s`` library on the SAME tokens (our tokeniser), k1/b equal to ours
+bm25s (ref)     the ``bm25s`` library on the SAME tokens (the store's analyzer), k1/b equal
+                to ours
 
 Each corpus document becomes one source (path = its ``_id``) with one section and one
 passage (``title`` + newline + ``text``); each document is embedded once with MiniLM
 (cached under ``--cache``) and the vector is both its section vector (written at ingest)
 and its passage vector (written as a backfill would), so "dense" covers every passage.
+
+The collection is written with ``--analyzer`` (default: the settings' default analyzer;
+``plain``, ``stem``, ``identifiers`` or ``stem+identifiers``), and the reference tokenises
+with the same one.
 
 Run: ``.venv/bin/python bench/retrieval_eval.py /work/shared/eval/wiki-ir-dev``
 """
@@ -43,6 +50,7 @@ from cortex_ray import Settings, run_main, run_stoppable
 from cortex_ray.knowledge import (
     BM25_B,
     BM25_K1,
+    Analyzer,
     Fusion,
     KnowledgeService,
     KnowledgeWriter,
@@ -50,8 +58,6 @@ from cortex_ray.knowledge import (
     Span,
     SplitPassage,
     SplitSection,
-    query_terms,
-    tokenize,
 )
 from cortex_ray.models import SentenceTransformerEmbedder
 from cortex_ray.storage import Database
@@ -112,7 +118,9 @@ def embed_corpus(
     return out
 
 
-def ingest(dsn: str, org: str, docs: dict[str, str], vectors: np.ndarray) -> None:
+def ingest(
+    dsn: str, org: str, docs: dict[str, str], vectors: np.ndarray, analyzer: Analyzer
+) -> None:
     """One source per document, one section (vector eager) and one passage each.
 
     A document here is one section holding one passage, so the section vector and the
@@ -120,7 +128,7 @@ def ingest(dsn: str, org: str, docs: dict[str, str], vectors: np.ndarray) -> Non
     passage vectors go in through ``write_passage_vectors``, as a backfill job would.
     """
     with KnowledgeWriter(dsn) as writer:
-        gen = writer.begin_generation(org, "eval")
+        gen = writer.begin_generation(org, "eval", analyzer=analyzer)
         for n, (doc_id, vector) in enumerate(zip(docs, vectors, strict=True)):
             text = docs[doc_id]
             data = text.encode()
@@ -156,6 +164,8 @@ async def run(args: argparse.Namespace) -> None:
     if args.limit:
         queries = dict(list(queries.items())[: args.limit])
     print(f"{args.folder}: {len(docs)} documents, {len(queries)} queries with qrels")
+    analyzer: Analyzer = args.analyzer
+    print(f"  analyzer: {analyzer.name}")
     embedder = SentenceTransformerEmbedder()
     with scratch_data_dir(args.data_dir) as data_dir:
         settings = Settings(data_dir=data_dir, database_url=args.database_url)
@@ -165,7 +175,7 @@ async def run(args: argparse.Namespace) -> None:
             t0 = time.perf_counter()
             vectors = await asyncio.to_thread(embed_corpus, docs, embedder, args.cache)
             t1 = time.perf_counter()
-            await asyncio.to_thread(ingest, db.dsn, org, docs, vectors)
+            await asyncio.to_thread(ingest, db.dsn, org, docs, vectors, analyzer)
             t2 = time.perf_counter()
             print(f"  embed {t1 - t0:.1f} s, write + publish + passage vectors {t2 - t1:.1f} s")
             service = KnowledgeService(
@@ -183,6 +193,15 @@ async def run(args: argparse.Namespace) -> None:
                     "weight": w,
                     "tiers": ["bm25", "passage_dense"],
                 }
+            for w in args.zweights:
+                modes[f"zscore@{w:g}"] = {
+                    "fusion": Fusion.ZSCORE,
+                    "weight": w,
+                    "tiers": ["bm25", "passage_dense"],
+                }
+            default = RetrievalConfig()
+            modes["default"] = {"tiers": ["bm25", "passage_dense"]}
+            print(f"  default fusion: {default.fusion.value}, BM25 weight {default.bm25_weight:g}")
             rows: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
             latency: dict[str, list[float]] = defaultdict(list)
             skipped: set[str] = set()
@@ -203,15 +222,15 @@ async def run(args: argparse.Namespace) -> None:
                     rows[name].append(metrics([h.path for h in result.hits], qrels[qid]))
                     skipped.update(result.skipped)
 
-            # The reference: bm25s on our tokens, same k1 and b, Lucene idf.
+            # The reference: bm25s on the store's tokens, same k1 and b, Lucene idf.
             import bm25s
 
             ids = list(docs)
             model = bm25s.BM25(k1=BM25_K1, b=BM25_B, method="lucene")
-            model.index([tokenize(docs[d]) for d in ids], show_progress=False)
+            model.index([analyzer.tokenize(docs[d]) for d in ids], show_progress=False)
             vocab = model.vocab_dict
             for qid, text in queries.items():
-                terms = [t for t in query_terms(text) if t in vocab]
+                terms = [t for t in analyzer.query_terms(text) if t in vocab]
                 if not terms:
                     rows["bm25s (ref)"].append(metrics([], qrels[qid]))
                     continue
@@ -236,7 +255,11 @@ async def run(args: argparse.Namespace) -> None:
             print()
             gap = summary["bm25s (ref)"][0] - summary["bm25"][0]
             best_single = max(summary["bm25"][0], summary["dense"][0])
-            fused = {n: v[0] for n, v in summary.items() if n == "rrf" or n.startswith("weighted")}
+            fused = {
+                n: v[0]
+                for n, v in summary.items()
+                if n == "rrf" or n.startswith(("weighted", "zscore"))
+            }
             best_fused = max(fused, key=lambda n: fused[n])
             print(
                 f"BM25 vs reference: nDCG@10 gap {gap:+.4f} "
@@ -248,6 +271,12 @@ async def run(args: argparse.Namespace) -> None:
                 f"{best_fused} {fused[best_fused]:.4f} "
                 f"→ {'PASS' if fused[best_fused] >= best_single else 'FAIL'}"
             )
+            ours = summary["default"][0]
+            print(
+                f"default ({default.fusion.value}@{default.bm25_weight:g}) {ours:.4f} vs best "
+                f"single {best_single:.4f}: ratio {ours / best_single:.4f} "
+                f"→ {'PASS' if ours >= best_single else 'FAIL'} (target ≥ the better single)"
+            )
         finally:
             await db.close()
 
@@ -258,7 +287,17 @@ def main() -> None:
         "folder", type=Path, help="a BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv"
     )
     parser.add_argument("--weights", type=float, nargs="*", default=[0.05, 0.1, 0.2, 0.3, 0.5])
+    parser.add_argument(
+        "--zweights", type=float, nargs="*", default=[0.1, 0.2, 0.3, 0.5], help="zscore@w rows"
+    )
     parser.add_argument("--limit", type=int, default=0, help="only the first N queries")
+    parser.add_argument(
+        "--analyzer",
+        type=Analyzer.parse,
+        default=Analyzer.configured(RetrievalConfig()),
+        help="the BM25 analyzer of the collection and the reference: plain, stem, "
+        "identifiers or stem+identifiers (default: the settings' default)",
+    )
     parser.add_argument(
         "--cache",
         type=Path,

@@ -23,7 +23,7 @@ import numpy as np
 from search_latency import paragraphs
 
 from cortex_ray import Settings, run_main, run_stoppable
-from cortex_ray.knowledge import KnowledgeService, RetrievalConfig, query_terms, tokenize
+from cortex_ray.knowledge import PLAIN, KnowledgeService, RetrievalConfig
 from cortex_ray.models import HashEmbedder
 from cortex_ray.storage import Database
 
@@ -33,7 +33,7 @@ def draw_queries(texts: list[str], n: int) -> list[str]:
     random.seed(11)
     queries = []
     for _ in range(n):
-        words = tokenize(texts[random.randrange(len(texts))])
+        words = PLAIN.tokenize(texts[random.randrange(len(texts))])  # surface words
         m = random.randint(2, 5)
         at = random.randrange(max(len(words) - m, 1))
         queries.append(" ".join(words[at : at + m]) or "kernel")
@@ -57,7 +57,7 @@ async def measure(args: argparse.Namespace) -> None:
         exact_service = KnowledgeService(db, HashEmbedder(384))
         pub = await exact_service.publication(org)
         exact = {
-            q: {i for i, _ in await exact_service.bm25(org, pub, query_terms(q), 10, exact=True)}
+            q: {i for i, _ in await exact_service.lexical(org, pub, q, 10, exact=True)}
             for q in queries
         }
         print(f"{len(texts)} passages, {len(queries)} queries; exact BM25 is the reference")
@@ -66,13 +66,13 @@ async def measure(args: argparse.Namespace) -> None:
             config = RetrievalConfig(postings_per_term=per_term, bm25_candidates=candidates)
             service = KnowledgeService(db, HashEmbedder(384), config=config)
             for q in queries[:20]:  # warm-up
-                await service.bm25(org, pub, query_terms(q), 100)
+                await service.lexical(org, pub, q, 100)
             agree, ms = [], []
             for q in queries:
                 t0 = time.perf_counter()
-                await service.bm25(org, pub, query_terms(q), 100)
+                await service.lexical(org, pub, q, 100)
                 ms.append((time.perf_counter() - t0) * 1000)
-                fast = {i for i, _ in await service.bm25(org, pub, query_terms(q), 10)}
+                fast = {i for i, _ in await service.lexical(org, pub, q, 10)}
                 if exact[q]:
                     agree.append(len(fast & exact[q]) / len(exact[q]))
             print(

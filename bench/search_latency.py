@@ -45,13 +45,12 @@ from _scratch import scratch_data_dir
 
 from cortex_ray import Settings, run_main, run_stoppable
 from cortex_ray.knowledge import (
+    PLAIN,
     KnowledgeService,
     KnowledgeWriter,
     RetrievalConfig,
     Span,
     SplitPassage,
-    query_terms,
-    tokenize,
     vector_literal,
 )
 from cortex_ray.models import HashEmbedder
@@ -195,7 +194,7 @@ async def measure(args: argparse.Namespace) -> None:
             queries = []
             for _ in range(args.queries):
                 i = random.randrange(len(texts))
-                words = tokenize(texts[i])
+                words = PLAIN.tokenize(texts[i])  # surface words; the store's analyzer reads them
                 n = random.randint(2, 5)
                 at = random.randrange(max(len(words) - n, 1))
                 q = " ".join(words[at : at + n]) or "kernel"
@@ -209,7 +208,7 @@ async def measure(args: argparse.Namespace) -> None:
             async def candidates(pub: object, q: str, v: np.ndarray) -> float:
                 t0 = time.perf_counter()
                 await asyncio.gather(
-                    service.bm25(org, pub, query_terms(q), 100),  # type: ignore[arg-type]
+                    service.lexical(org, pub, q, 100),  # type: ignore[arg-type]
                     service.passage_dense(org, pub, v, 100),  # type: ignore[arg-type]
                 )
                 return (time.perf_counter() - t0) * 1000
@@ -230,10 +229,9 @@ async def measure(args: argparse.Namespace) -> None:
 
             agree, exact_ms = [], []
             for q, _ in queries:
-                terms = query_terms(q)
-                fast = await service.bm25(org, everything, terms, 10)
+                fast = await service.lexical(org, everything, q, 10)
                 t0 = time.perf_counter()
-                exact = await service.bm25(org, everything, terms, 10, exact=True)
+                exact = await service.lexical(org, everything, q, 10, exact=True)
                 exact_ms.append((time.perf_counter() - t0) * 1000)
                 if exact:
                     agree.append(len({i for i, _ in fast} & {i for i, _ in exact}) / len(exact))
@@ -241,7 +239,7 @@ async def measure(args: argparse.Namespace) -> None:
             bm25_only = []
             for q, _ in queries:
                 t0 = time.perf_counter()
-                await service.bm25(org, everything, query_terms(q), 100)
+                await service.lexical(org, everything, q, 100)
                 bm25_only.append((time.perf_counter() - t0) * 1000)
             dense_only = []
             for _, v in queries:

@@ -119,6 +119,10 @@ class Fusion(StrEnum):
     """Reciprocal-rank fusion: ``Σ 1 / (rrf_k + rank)`` over the lists a passage appears in."""
     WEIGHTED = "weighted"
     """Min-max normalised scores, ``w · bm25 + (1 - w) · cosine``."""
+    ZSCORE = "zscore"
+    """Standardised scores (minus the list's mean, over its standard deviation),
+    ``w · bm25 + (1 - w) · cosine``; a passage one list did not return counts one standard
+    deviation below that list's lowest."""
 
 
 class RetrievalConfig(BaseModel):
@@ -128,12 +132,12 @@ class RetrievalConfig(BaseModel):
     # The attribute docstrings are the fields' descriptions (the settings table shows them).
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    fusion: Fusion = Fusion.WEIGHTED
-    """How the lexical and dense rankings are combined: rrf or weighted."""
+    fusion: Fusion = Fusion.ZSCORE
+    """How the lexical and dense rankings are combined: zscore, weighted or rrf."""
     rrf_k: int = Field(default=60, ge=1)
     """The k of reciprocal-rank fusion (fusion=rrf)."""
-    bm25_weight: float = Field(default=0.05, ge=0.0, le=1.0)
-    """Weight of the normalised BM25 score against cosine (fusion=weighted)."""
+    bm25_weight: float = Field(default=0.3, ge=0.0, le=1.0)
+    """Weight of the normalised BM25 score against cosine (fusion=zscore or weighted)."""
     postings_per_term: int = Field(default=10_000, ge=10)
     """Impact-ordered postings read per query term before the exact rescore."""
     bm25_candidates: int = Field(default=100, ge=1)
@@ -151,6 +155,12 @@ class RetrievalConfig(BaseModel):
     exact_fallback_passages: int = Field(default=50_000, ge=0)
     """When HNSW returns fewer than asked and the searched publication holds at most this many
     passages, search its vectors exactly instead."""
+    bm25_stem: bool = True
+    """BM25 analyzer of new collections: English Snowball stemming (a collection keeps the
+    analyzer of its first generation; docs/knowledge.md, "Analyzer")."""
+    bm25_identifiers: bool = True
+    """BM25 analyzer of new collections: snake_case, camelCase, dotted and kebab names give
+    their whole and their parts as terms."""
 
 
 class SessionPolicy(BaseModel):

@@ -1,6 +1,7 @@
 """The docs stay true to the code: every `name` `file:line` reference in the CoALA scorecard
-still points at the named thing, the README's test command is what CI runs, and
-docs/operations.md lists every setting with its default."""
+still points at the named thing, the README's test command is what CI runs, the README's
+configuration table gives the code's defaults, and docs/operations.md lists every setting
+with its default."""
 
 from __future__ import annotations
 
@@ -43,3 +44,36 @@ def test_operations_lists_every_setting_with_its_default() -> None:
     assert table in text, (
         "the settings table in docs/operations.md differs from the code; replace it with:\n" + table
     )
+
+
+def test_the_readmes_configuration_defaults_are_the_codes() -> None:
+    """Each README configuration row that names settings and gives one default per name
+    (``| `A`, `B`, … | a, b | ...``) gives the code's defaults, in order; "3000 postings per
+    term" beside a code default of 10,000 is what this catches (issue 15, point 6)."""
+    from cortex_ray._settings import settings_table
+
+    defaults = {}
+    for row in settings_table().splitlines()[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        defaults[cells[0].strip("`")] = cells[1].strip("`")
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    checked = 0
+    wrong = []
+    for row in section.splitlines():
+        if not row.startswith("| `CORTEX_"):
+            continue
+        names_cell, default_cell = (c.strip() for c in row.strip("|").split("|")[:2])
+        names = [n for n in re.findall(r"`(CORTEX_\w+)`", names_cell) if n in defaults]
+        values = [v.strip() for v in default_cell.split(",")]
+        if not names or len(names) != len(values):
+            continue  # a prose default ("unset → embedded PostgreSQL"): read by people
+        for name, value in zip(names, values, strict=True):
+            value = value.removesuffix(" s")
+            if defaults[name] in ("unset", "(computed)") or not re.fullmatch(r"[\w.]+", value):
+                continue  # prose, or several values in one ("1/1/1")
+            checked += 1
+            if value != defaults[name].replace("_", "").removesuffix(".0"):
+                wrong.append(f"{name}: README {value!r}, code {defaults[name]!r}")
+    assert checked >= 8
+    assert wrong == []

@@ -1,7 +1,8 @@
 """Generations and their publication: the writer's part that opens a generation, decides its
 membership (which source version it serves) and publishes it.
 
-- ``begin_generation`` opens a BUILDING generation.
+- ``begin_generation`` opens a BUILDING generation and records its BM25 analyzer
+  (``generation_analyzer`` reads it back).
 - Membership: ``carry_forward_sources`` puts a source's published version into it (one
   row, no rewrite); ``include_member``/``include_members`` are the membership writes the
   passages part makes too; ``keep_published`` serves the published version of files that
@@ -21,8 +22,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from cortex_ray._exceptions import InvalidRequestError, NotFoundError
+from cortex_ray._settings import load_settings
+from cortex_ray.knowledge._bm25 import Analyzer
 from cortex_ray.knowledge._connection import WriterConnection
 from cortex_ray.knowledge._sql import (
     PUBLISHED_VERSIONS_SQL,
@@ -33,13 +37,29 @@ from cortex_ray.knowledge._sql import (
 )
 from cortex_ray.knowledge._types import GarbageReport, Generation, PublishReport, SourceVersion
 
-__all__ = ["RETIRED_MARK", "GenerationWriter", "include_member", "include_members"]
+__all__ = [
+    "RETIRED_MARK",
+    "GenerationWriter",
+    "generation_analyzer",
+    "include_member",
+    "include_members",
+]
 
 log = logging.getLogger("cortex_ray.knowledge")
 # Appended (with a random suffix) to the content hash of a version retired by
 # ``keep_published``: the same content then registers as a fresh version, and publish never
 # serves the retired one.
 RETIRED_MARK = ":failed:"
+
+
+def generation_analyzer(conn: SyncConn, gen: Generation) -> Analyzer:
+    """The analyzer ``gen``'s postings are written with (migration 0009)."""
+    row = conn.execute(
+        "SELECT analyzer FROM kb_generations WHERE org_id = %s AND id = %s", (gen.org_id, gen.id)
+    ).fetchone()
+    if row is None:
+        raise NotFoundError(f"no generation {gen.id} in {gen.org_id}")
+    return Analyzer.from_json(row["analyzer"])
 
 
 def include_member(
@@ -81,13 +101,43 @@ def include_members(
 class GenerationWriter(WriterConnection):
     """Opens, fills the membership of, publishes and collects generations of a collection."""
 
-    def begin_generation(self, org_id: str, collection: str) -> Generation:
-        """Open a new BUILDING generation of ``collection`` (created on first use)."""
+    def begin_generation(
+        self, org_id: str, collection: str, *, analyzer: Analyzer | None = None
+    ) -> Generation:
+        """Open a new BUILDING generation of ``collection`` (created on first use).
+
+        Its BM25 analyzer is the one the collection's generations have: a run reuses the
+        source versions earlier runs wrote (unchanged sources are carried forward, a killed
+        run's rows are taken up again) with their postings, and publish updates the previous
+        publication's statistics, so a collection keeps the analyzer of its first generation.
+        A new collection takes ``analyzer``, by default the settings'
+        (``RetrievalConfig.bm25_stem`` and ``bm25_identifiers``).
+
+        Raises:
+            InvalidRequestError: ``analyzer`` is not the collection's (write into a new
+                collection to change it).
+        """
         self._ensure_collection(org_id, collection)
-        row = self._one(
-            "INSERT INTO kb_generations (org_id, collection, status) VALUES (%s, %s, 'BUILDING') "
-            "RETURNING id",
+        latest = self._one(
+            "SELECT analyzer FROM kb_generations WHERE org_id = %s AND collection = %s "
+            "ORDER BY id DESC LIMIT 1",
             (org_id, collection),
+        )
+        if latest is not None:
+            kept = Analyzer.from_json(latest["analyzer"])
+            if analyzer is not None and analyzer != kept:
+                raise InvalidRequestError(
+                    f"{collection!r} is written with the {kept.name} analyzer, not "
+                    f"{analyzer.name}: its sources keep their postings from run to run, so a "
+                    "new analyzer needs a new collection"
+                )
+            analyzer = kept
+        elif analyzer is None:
+            analyzer = Analyzer.configured(load_settings().knowledge)
+        row = self._one(
+            "INSERT INTO kb_generations (org_id, collection, status, analyzer) "
+            "VALUES (%s, %s, 'BUILDING', %s) RETURNING id",
+            (org_id, collection, Jsonb(analyzer.to_json())),
         )
         assert row is not None
         generation = Generation(org_id=org_id, collection=collection, id=row["id"])
@@ -252,7 +302,7 @@ class GenerationWriter(WriterConnection):
                 (gen.org_id, gen.collection),
             ).fetchone()
             row = conn.execute(
-                "SELECT status, passages, total_length, publish_ms FROM kb_generations "
+                "SELECT status, passages, total_length, publish_ms, analyzer FROM kb_generations "
                 "WHERE org_id = %s AND id = %s FOR UPDATE",
                 (gen.org_id, gen.id),
             ).fetchone()
@@ -277,6 +327,21 @@ class GenerationWriter(WriterConnection):
                 raise InvalidRequestError(
                     f"a newer generation ({previous}) of {gen.collection!r} is already published"
                 )
+            if previous is not None:
+                # The statistics below are the previous publication's plus a difference: one
+                # vocabulary. begin_generation took the collection's analyzer; a run that
+                # began the collection at the same time with another setting may differ.
+                before = conn.execute(
+                    "SELECT analyzer FROM kb_generations WHERE org_id = %s AND id = %s",
+                    (gen.org_id, previous),
+                ).fetchone()
+                ours = Analyzer.from_json(row["analyzer"])
+                theirs = Analyzer.from_json(before["analyzer"] if before else None)
+                if before is not None and ours != theirs:
+                    raise InvalidRequestError(
+                        f"generation {gen.id} was written with the {ours.name} analyzer, but "
+                        f"{gen.collection!r} is published with the {theirs.name} one"
+                    )
             params = {"org": gen.org_id, "new": gen.id, "prev": previous, "cid": cid}
             self._drop_retired(conn, gen, previous)
             conn.execute(

@@ -25,9 +25,13 @@ import psycopg
 from numpy.typing import NDArray
 
 from cortex_ray._exceptions import InvalidRequestError
-from cortex_ray.knowledge._bm25 import length_norm, term_counts
+from cortex_ray.knowledge._bm25 import Analyzer, length_norm
 from cortex_ray.knowledge._connection import WriterConnection
-from cortex_ray.knowledge._generations import include_member, include_members
+from cortex_ray.knowledge._generations import (
+    generation_analyzer,
+    include_member,
+    include_members,
+)
 from cortex_ray.knowledge._sources import check_events, record_events
 from cortex_ray.knowledge._split import SplitPassage, SplitSection
 from cortex_ray.knowledge._sql import (
@@ -85,8 +89,8 @@ def _copy_texts(prepared: PreparedDocuments, ids: Sequence[int]) -> tuple[str, s
     """The COPY text of the passages and of their postings, under ``ids``.
 
     Built as text rather than row by row with ``write_row`` (~5 µs a row, ~70 postings a
-    passage): terms are ``\\w+`` (no tab, newline or backslash) and numbers need no
-    escaping; only names and passage texts are escaped.
+    passage): terms are ``\\w+``, or words joined by ``.`` and ``-`` (no tab, newline or
+    backslash), and numbers need no escaping; only names and passage texts are escaped.
     """
     gen = prepared.generation
     org = _copy_escape(gen.org_id)
@@ -116,7 +120,7 @@ def _copy_texts(prepared: PreparedDocuments, ids: Sequence[int]) -> tuple[str, s
 def _posting_lines(head: str, counts: Counter[str], norm: float) -> Iterator[str]:
     """COPY lines of one passage's postings: ``head`` is ``org\\tcollection_id\\tpassage_id\\t``
     (the organisation escaped), ``norm`` the passage's BM25 length normalisation. Terms are
-    ``\\w+`` and numbers need no escaping."""
+    ``\\w+`` or words joined by ``.`` and ``-``, and numbers need no escaping."""
     return (f"{head}{term}\t{tf}\t{tf / (tf + norm)!r}\n" for term, tf in counts.items())
 
 
@@ -127,6 +131,15 @@ class PassageWriter(WriterConnection):
         super().__init__(dsn)
         self._passage_ids: str | None = None  # the sequence of kb_passages.id
         self._postings_tables: dict[int, str] = {}  # generation → where its postings go
+        self._analyzers: dict[int, Analyzer] = {}  # generation → its BM25 analyzer
+
+    def _analyzer(self, gen: Generation) -> Analyzer:
+        """The analyzer recorded with the generation (read once per writer): the one its
+        postings must be tokenised with, whoever began it."""
+        analyzer = self._analyzers.get(gen.id)
+        if analyzer is None:
+            analyzer = self._analyzers[gen.id] = generation_analyzer(self.conn, gen)
+        return analyzer
 
     def _postings_table(self, gen: Generation) -> str:
         """Where this writer COPYs the generation's postings, decided at its first write: the
@@ -289,9 +302,10 @@ class PassageWriter(WriterConnection):
         documents: Sequence[Document],
         health: Sequence[HealthRecord] = (),
     ) -> PreparedDocuments:
-        """The client-side work of ``write_documents``: tokenise the passages and build the
-        COPY text of passages and postings, under passage ids reserved from the table's
-        sequence. Only the reservation touches the database (one small query), so a job can
+        """The client-side work of ``write_documents``: tokenise the passages (with the
+        generation's analyzer) and build the COPY text of passages and postings, under
+        passage ids reserved from the table's sequence. Only the reservation touches the
+        database (one small query; the analyzer is read once per writer), so a job can
         prepare the next batch while another connection writes this one (``write_prepared``).
         """
         gen = self._generation(generation)
@@ -301,6 +315,7 @@ class PassageWriter(WriterConnection):
             self._check_source(gen, source)
             if members.setdefault(source.source_id, source.version) != source.version:
                 raise InvalidRequestError(f"two versions of {source.path!r} in one call")
+        analyzer = self._analyzer(gen)
         counts: dict[tuple[uuid.UUID, int], Counter[str]] = {}
         owners: list[SourceVersion] = []
         flat: list[SplitPassage] = []
@@ -309,7 +324,7 @@ class PassageWriter(WriterConnection):
         for source, _, passages in documents:
             for p in passages:
                 text = _clean(p.text)
-                frequencies, length = term_counts(text)
+                frequencies, length = analyzer.term_counts(text)
                 counts[(source.source_id, p.ordinal)] = frequencies
                 owners.append(source)
                 flat.append(p)
@@ -422,8 +437,9 @@ class PassageWriter(WriterConnection):
         ).fetchall()
         if inserted:
             # The COPY text is built here rather than row by row with ``write_row`` (~5 µs a
-            # row, ~70 rows a passage): terms are ``\w+`` (no tab, newline or backslash)
-            # and ints and floats need no escaping; only the names are escaped.
+            # row, ~70 rows a passage): terms are ``\w+`` or words joined by ``.`` and ``-``
+            # (no tab, newline or backslash) and ints and floats need no escaping; only the
+            # names are escaped.
             head = f"{_copy_escape(gen.org_id)}\t{prepared.collection_id}\t"
             with conn.cursor().copy(postings_copy(prepared.postings_table)) as copy:
                 lines: list[str] = []

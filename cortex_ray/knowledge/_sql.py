@@ -133,8 +133,11 @@ WHERE p.org_id = %s AND p.id = v.id AND p.embedding IS NULL
 
 # -- search (KnowledgeService) ---------------------------------------------------------
 
+# Each generation's analyzer (migration 0009) comes with it: a search tokenises its query
+# the way that generation's postings were written.
 PUBLICATIONS_SQL = """
-SELECT c.name, c.id, c.published_generation AS generation, g.passages, g.total_length
+SELECT c.name, c.id, c.published_generation AS generation, g.passages, g.total_length,
+       g.analyzer
 FROM kb_collections c
 JOIN kb_generations g ON g.org_id = c.org_id AND g.id = c.published_generation
 WHERE c.org_id = %(org)s AND (%(names)s::text[] IS NULL OR c.name = ANY(%(names)s::text[]))
