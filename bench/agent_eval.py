@@ -97,7 +97,7 @@ from cortex_ray._types import (
 )
 from cortex_ray.decide import AutonomousDriver
 from cortex_ray.models import ChatMessage, ChatRequest, ChatResponse, ModelClient, open_models
-from cortex_ray.perceive import PromptComposer
+from cortex_ray.perceive import PromptComposer, ToolRetriever, WorkingMemoryAssembler, always_shown
 
 PARALLEL = ("parallel", "parallel_multiple")
 AGENT_NAME = "assistant"
@@ -271,12 +271,26 @@ def _call_args(args: dict[str, Any]) -> dict[str, Any]:
     return {"args": args} if "args" in Observation.model_fields else {}
 
 
+async def shown_tools(
+    retriever: ToolRetriever | None,
+    specs: tuple[ToolSpec, ...],
+    question: str,
+    observations: Sequence[Observation] = (),
+) -> tuple[tuple[ToolSpec, ...], tuple[ToolSpec, ...]]:
+    """``(shown, hidden)``: as PERCEIVE chooses them (``--tool-retrieval``), else all shown."""
+    if retriever is None:
+        return specs, ()
+    query = WorkingMemoryAssembler.recall_query(question, observations, ())
+    return await retriever.shown(specs, query, always_shown(AgentMode.AUTONOMOUS, observations, ()))
+
+
 async def run_ours(
     driver: AutonomousDriver,
     counter: CountingModel,
     settings: Settings,
     case: Case,
     names: ToolNames,
+    retriever: ToolRetriever | None = None,
 ) -> tuple[SideResult, list[StepLog]]:
     specs = tool_specs(case, names)
     budget = len(case.answers) + 1 if case.category in PARALLEL else 1
@@ -287,13 +301,15 @@ async def run_ours(
     counter.reset()
     start = time.perf_counter()
     for step in range(budget):
+        shown, hidden = await shown_tools(retriever, specs, case.question, observations)
         wm = WorkingMemory(
             mode=AgentMode.AUTONOMOUS,
             agent_name=AGENT_NAME,
             persona="",
             objective=case.question,
             snapshot=MemorySnapshot(query=case.question),
-            action_space=specs,
+            action_space=shown,
+            hidden_tools=hidden,
             observations=tuple(observations),
             step_index=step,
             max_steps=settings.default_max_steps,
@@ -358,8 +374,10 @@ def calls_prompt(specs: Sequence[ToolSpec]) -> str:
     return "\n".join(lines)
 
 
-async def run_baseline(model: CountingModel, case: Case, names: ToolNames) -> SideResult:
-    specs = tool_specs(case, names)
+async def run_baseline(
+    model: CountingModel, case: Case, names: ToolNames, retriever: ToolRetriever | None = None
+) -> SideResult:
+    specs, _ = await shown_tools(retriever, tool_specs(case, names), case.question)
     user = ChatMessage(role="user", content=case.question)
     calls: list[Call] = []
     detail = ""
@@ -548,6 +566,27 @@ async def _open(
     return model, driver, ours_model, base_model
 
 
+def with_distractors(cases: Sequence[Case], data: Path, n: int, seed: int) -> list[Case]:
+    """Each case with ``n`` functions of other BFCL cases (every non-live category; one
+    documentation per name, none sharing a name with the case's own) added to its tools,
+    drawn with a generator seeded by ``seed`` and the case id: an agent holding hundreds of
+    tools, among which the case's few are the right ones."""
+    pool: dict[str, dict[str, Any]] = {}
+    for category in CATEGORIES:
+        for other in load_cases(data, category):
+            for function in other.functions:
+                pool.setdefault(function["name"], function)
+    names = sorted(pool)
+    out = []
+    for case in cases:
+        own = {f["name"] for f in case.functions}
+        rng = random.Random(f"{seed}:{case.id}:distractors")
+        extra = rng.sample([name for name in names if name not in own], n)
+        functions = case.functions + tuple(pool[name] for name in extra)
+        out.append(case.model_copy(update={"functions": functions}))
+    return out
+
+
 async def single(args: argparse.Namespace) -> int:
     data = args.bfcl_data or bfcl_data_dir()
     if data is None or not (data / "possible_answer").is_dir():
@@ -566,6 +605,28 @@ async def single(args: argparse.Namespace) -> int:
             for category in args.categories
             for case in sample_cases(load_cases(data, category), args.n, args.seed)
         ]
+    if args.distractors:
+        cases = with_distractors(cases, data, args.distractors, args.seed)
+    retriever = None
+    if args.tool_retrieval:
+        from cortex_ray.models import SentenceTransformerEmbedder
+
+        retriever = ToolRetriever(
+            SentenceTransformerEmbedder(),
+            settings.knowledge,
+            threshold=settings.tool_retrieval_threshold,
+            k=settings.tool_retrieval_k,
+        )
+    print(
+        f"tools per case: the case's own + {args.distractors} distractors; tool retrieval "
+        + (
+            f"on (threshold {settings.tool_retrieval_threshold}, k {settings.tool_retrieval_k}"
+            f", fusion {settings.knowledge.fusion.value}; both sides get the tools shown)"
+            if retriever
+            else "off (both sides get every tool)"
+        ),
+        file=sys.stderr,
+    )
     print(
         f"model {settings.model_name}, K={settings.candidates}, evaluation "
         f"{getattr(settings, 'evaluation', 'scores')}, {len(cases)} cases "
@@ -582,11 +643,11 @@ async def single(args: argparse.Namespace) -> int:
             names = ToolNames([f["name"] for f in case.functions])
             # alternate which side goes first, so that drift on a busy machine cancels
             if i % 2 == 0:
-                ours, steps = await run_ours(driver, ours_model, settings, case, names)
-                baseline = await run_baseline(base_model, case, names)
+                ours, steps = await run_ours(driver, ours_model, settings, case, names, retriever)
+                baseline = await run_baseline(base_model, case, names, retriever)
             else:
-                baseline = await run_baseline(base_model, case, names)
-                ours, steps = await run_ours(driver, ours_model, settings, case, names)
+                baseline = await run_baseline(base_model, case, names, retriever)
+                ours, steps = await run_ours(driver, ours_model, settings, case, names, retriever)
             results.append(
                 CaseResult(
                     id=case.id, category=case.category, ours=ours, baseline=baseline, steps=steps
@@ -614,6 +675,8 @@ async def single(args: argparse.Namespace) -> int:
             "categories": args.categories,
             "threads": args.threads,
             "max_tokens": settings.model_max_tokens,
+            "distractors": args.distractors,
+            "tool_retrieval": bool(args.tool_retrieval),
             "summary": summary,
             "cases": [r.model_dump(mode="json") for r in results],
         }
@@ -898,6 +961,17 @@ def build_parser() -> argparse.ArgumentParser:
         )
     s.add_argument("--n", type=int, default=15, help="cases per category")
     s.add_argument("--ids", default=None, help="only these case ids (comma-separated), no sample")
+    s.add_argument(
+        "--distractors",
+        type=int,
+        default=0,
+        help="add N other BFCL functions to each case's tools (a large action space)",
+    )
+    s.add_argument(
+        "--tool-retrieval",
+        action="store_true",
+        help="show both sides only the tools PERCEIVE's tool retrieval would show",
+    )
     m.add_argument("--n", type=int, default=3, help="cases")
     m.add_argument("--context", type=int, default=8192, help="the model's context (tokens)")
     s.add_argument(

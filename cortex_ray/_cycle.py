@@ -59,7 +59,7 @@ from cortex_ray.act import Dispatch, InvocationContext, ToolDispatcher, ToolRegi
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
 from cortex_ray.learn import Learner
 from cortex_ray.models import recording
-from cortex_ray.perceive import WorkingMemoryAssembler
+from cortex_ray.perceive import WorkingMemoryAssembler, shown_note
 from cortex_ray.storage import AuditEntry, Database, RunLease, RunLeases, Store, TurnLease
 
 __all__ = [
@@ -93,6 +93,9 @@ class CycleStep:
     dispatch: Dispatch | None = None
     recording: StepRecording | None = None
     """What DECIDE saw and its model said, when the caller asked (``record=True``)."""
+    shown: str | None = None
+    """Which tools the prompt showed, when tool retrieval chose them (``shown_note``): the
+    step log keeps it in the step's note."""
 
 
 class DecisionCycle:
@@ -154,6 +157,7 @@ class DecisionCycle:
             max_steps=max_steps,
             run_id=ctx.run_id,
         )
+        shown = shown_note(wm.action_space, wm.hidden_tools)
         kept: StepRecording | None = None
         if record:
             with recording() as tape:
@@ -168,13 +172,13 @@ class DecisionCycle:
         else:
             decision = await decide(wm)  # DECIDE
         if decision.kind is not DecisionKind.ACT or decision.action is None:
-            return CycleStep(decision, recording=kept)
+            return CycleStep(decision, recording=kept, shown=shown)
         if before_act is not None:
             await before_act(decision.action)
         dispatch = await self.dispatcher.execute(  # ACT
             ctx, decision.action.tool, decision.action.args
         )
-        return CycleStep(decision, dispatch, kept)
+        return CycleStep(decision, dispatch, kept, shown)
 
     # autonomous ---------------------------------------------------------------------------
 
@@ -332,7 +336,7 @@ class DecisionCycle:
                     candidates=decision.candidates,
                     selected=decision.selected,
                     message=decision.message or decision.reason,
-                    note=decision.reason or None,
+                    note=_note(decision.reason, cycle.shown),
                     recording=cycle.recording,
                 )
                 failed = decision.failed or decision.kind is not DecisionKind.FINISH
@@ -361,7 +365,7 @@ class DecisionCycle:
                 action=decision.action,
                 action_type=observation.action_type,
                 observation=observation,
-                note=decision.reason or None,
+                note=_note(decision.reason, cycle.shown),
                 recording=cycle.recording,
             )
             await self.learner.record_step(  # LEARN
@@ -540,6 +544,12 @@ class DecisionCycle:
         return TurnResult(
             session_id=session.id, reply=reply, observations=tuple(observations), refused=refused
         )
+
+
+def _note(reason: str, shown: str | None) -> str | None:
+    """A step's note: why the planner chose so, then which tools it was shown (when tool
+    retrieval chose them)."""
+    return "; ".join(part for part in (reason, shown) if part) or None
 
 
 def _without_recording(step: Step) -> Step:

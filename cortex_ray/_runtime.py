@@ -116,7 +116,7 @@ from cortex_ray.models import (
     Reranker,
     open_models,
 )
-from cortex_ray.perceive import PromptComposer, WorkingMemoryAssembler
+from cortex_ray.perceive import PromptComposer, ToolRetriever, WorkingMemoryAssembler
 from cortex_ray.storage import (
     AuditEntry,
     Database,
@@ -208,7 +208,17 @@ class Runtime:
             show_action_space=settings.show_action_space,
             earlier_chars=settings.progress_earlier_chars,
         )
-        self.assembler = WorkingMemoryAssembler(memory, self.dispatcher, recall_k=settings.recall_k)
+        # Above the threshold the prompt shows the tools retrieved for the objective, found
+        # with the memory's embedder (one query vector a step; tool vectors are cached).
+        tool_retrieval = ToolRetriever(
+            memory.embedder,
+            settings.knowledge,
+            threshold=settings.tool_retrieval_threshold,
+            k=settings.tool_retrieval_k,
+        )
+        self.assembler = WorkingMemoryAssembler(
+            memory, self.dispatcher, recall_k=settings.recall_k, tools=tool_retrieval
+        )
         # The inner voice of agents with critic on: another model when one is given, else
         # the agent's own model with a reviewer's prompt (same lineage, said so in the log).
         # The drivers' calls go through a recorder: inside an autonomous step's DECIDE each

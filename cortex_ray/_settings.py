@@ -471,6 +471,19 @@ class Settings(BaseSettings):
     show_action_space: bool = Field(
         default=True, description="the prompt lists the tools the agent may call"
     )
+    tool_retrieval_threshold: int = Field(
+        default=20,
+        ge=0,
+        description="an agent holding more tools than this is shown only tool_retrieval_k of "
+        "them, retrieved for the objective and the latest progress, plus the built-ins and "
+        "the tools it already called (docs/architecture.md, Tool retrieval)",
+    )
+    tool_retrieval_k: int = Field(
+        default=10,
+        ge=1,
+        description="tools retrieved into the action space above tool_retrieval_threshold "
+        "(BM25 + dense, fused as knowledge search is)",
+    )
     tool_timeout_s: float = Field(
         default=30.0, gt=0, description="a tool call running longer ends as TIMEOUT"
     )

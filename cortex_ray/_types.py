@@ -309,12 +309,18 @@ class WorkingMemory(_Model):
     objective: str
     snapshot: MemorySnapshot
     action_space: tuple[ToolSpec, ...] = ()
+    """The tools the prompt shows: all the agent may use, or above
+    ``tool_retrieval_threshold`` those tool retrieval chose (docs/architecture.md)."""
     observations: tuple[Observation, ...] = ()
     conversation: tuple[Turn, ...] = ()
     step_index: int = 0
     max_steps: int | None = None
     critic: bool = False
     """The agent's inner voice is on: its final answer or reply is reviewed first."""
+    hidden_tools: tuple[ToolSpec, ...] = Field(default=(), exclude=True)
+    """Tools the agent may use that tool retrieval left out of ``action_space``: a candidate
+    naming one is validated against it and goes through the gate like any other. Not
+    serialised (a step's recording keeps what the prompt showed, not hundreds of tools)."""
 
 
 class Turn(_Model):

@@ -416,11 +416,14 @@ class AutonomousDriver:
     ) -> tuple[list[Candidate], str]:
         """The candidates (repeats flagged) and what the planner said remains to do."""
         tools = wm.action_space
+        # Tools that tool retrieval left out of the prompt are still the agent's: one named
+        # anyway (an unconstrained model can) is validated like a shown one, then gated.
+        held = tools + wm.hidden_tools
         remaining = bool(wm.observations)
         parts = objective_parts(wm.objective) if remaining else []
 
         def validate(raw: Any) -> tuple[list[Candidate], str]:
-            candidates = parse_candidates(raw, tools, k)
+            candidates = parse_candidates(raw, held, k)
             if parts:
                 done = raw.get("done") if isinstance(raw, dict) else None
                 marks = done if isinstance(done, list) else []
@@ -442,8 +445,8 @@ class AutonomousDriver:
             retries=self.settings.structured_retries,
         )
         evidence = evidence_of(wm)
-        learning = {t.name for t in tools if t.action_type is ActionType.LEARNING}
-        specs = {t.name: t for t in tools}
+        learning = {t.name for t in held if t.action_type is ActionType.LEARNING}
+        specs = {t.name: t for t in held}
         candidates = [
             _without_made_up(c, specs[c.tool].parameters, evidence)
             if c.valid and c.kind == "tool" and c.tool in specs
@@ -574,7 +577,7 @@ class AutonomousDriver:
             return Decision(kind=DecisionKind.FINISH, failed=True, reason=NO_MODEL_REASON)
         model = self.model
         k = self.settings.candidates
-        tools = wm.action_space
+        tools = wm.action_space + wm.hidden_tools  # a chosen tool may be a held, unshown one
         notes: list[str] = []
         with tracer.start_as_current_span("cortex.decide.propose", attributes={"cortex.k": k}):
             try:

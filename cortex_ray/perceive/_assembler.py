@@ -7,8 +7,17 @@ from typing import TYPE_CHECKING
 from uuid import UUID
 
 from cortex_ray._tracing import tracer
-from cortex_ray._types import Agent, AgentMode, Observation, Principal, Turn, WorkingMemory
+from cortex_ray._types import (
+    Agent,
+    AgentMode,
+    Observation,
+    Principal,
+    ToolSpec,
+    Turn,
+    WorkingMemory,
+)
 from cortex_ray.act import ToolDispatcher
+from cortex_ray.perceive._tool_retrieval import ToolRetriever, always_shown
 
 if TYPE_CHECKING:
     from cortex_ray.memory import MemoryService
@@ -17,12 +26,24 @@ __all__ = ["WorkingMemoryAssembler"]
 
 
 class WorkingMemoryAssembler:
-    """Builds ``WorkingMemory`` for one cycle from ONE read of long-term memory."""
+    """Builds ``WorkingMemory`` for one cycle from ONE read of long-term memory.
 
-    def __init__(self, memory: MemoryService, dispatcher: ToolDispatcher, *, recall_k: int) -> None:
+    With ``tools`` (a :class:`ToolRetriever`), an agent holding more tools than its threshold
+    is shown the ones retrieved for :meth:`recall_query` (the objective and the freshest
+    progress) and those :func:`always_shown`; the others are ``hidden_tools``."""
+
+    def __init__(
+        self,
+        memory: MemoryService,
+        dispatcher: ToolDispatcher,
+        *,
+        recall_k: int,
+        tools: ToolRetriever | None = None,
+    ) -> None:
         self.memory = memory
         self.dispatcher = dispatcher
         self.recall_k = recall_k
+        self.tools = tools
 
     @staticmethod
     def recall_query(
@@ -52,13 +73,26 @@ class WorkingMemoryAssembler:
         with tracer.start_as_current_span(
             "cortex.perceive", attributes={"cortex.mode": mode.value, "cortex.step": step_index}
         ):
+            query = self.recall_query(objective, observations, conversation)
             snapshot = await self.memory.snapshot(
                 org_id=agent.org_id,
                 agent_id=agent.id,
-                query=self.recall_query(objective, observations, conversation),
+                query=query,
                 k=self.recall_k,
                 exclude_run=run_id,
             )
+            held: tuple[ToolSpec, ...] = tuple(
+                spec
+                for spec in self.dispatcher.action_space(agent, caller, mode)
+                # An autonomous run has no person to reply to: its dialogue is the
+                # finish message.
+                if not (mode is AgentMode.AUTONOMOUS and spec.name == "reply")
+            )
+            shown = held
+            hidden: tuple[ToolSpec, ...] = ()
+            if self.tools is not None and self.tools.applies(len(held)):
+                keep = always_shown(mode, observations, conversation)
+                shown, hidden = await self.tools.shown(held, query, keep)
             return WorkingMemory(
                 mode=mode,
                 agent_name=agent.name,
@@ -66,13 +100,8 @@ class WorkingMemoryAssembler:
                 skills=agent.skills,
                 objective=objective,
                 snapshot=snapshot,
-                action_space=tuple(
-                    spec
-                    for spec in self.dispatcher.action_space(agent, caller, mode)
-                    # An autonomous run has no person to reply to: its dialogue is the
-                    # finish message.
-                    if not (mode is AgentMode.AUTONOMOUS and spec.name == "reply")
-                ),
+                action_space=shown,
+                hidden_tools=hidden,
                 observations=tuple(observations),
                 conversation=tuple(conversation),
                 step_index=step_index,
