@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bfcl import bfcl_data_dir
 
+from cortex_ray.perceive._tool_retrieval import parameter_lines
+
 CATEGORIES = (
     "simple_python",
     "simple_java",
@@ -107,43 +109,12 @@ def read_cases(data_dir: Path, category: str) -> list[ToolCase]:
     return cases
 
 
-def _value(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _param_lines(name: str, spec: Mapping[str, Any]) -> list[str]:
-    """``name (type): description (one of: …; minimum: …; maximum: …; default: …)``, the
-    parenthesis holding what is given, then the nested properties."""
-    kind = str(spec.get("type") or "")
-    items = spec.get("items") if isinstance(spec.get("items"), Mapping) else None
-    if items is not None and items.get("type"):
-        kind = f"{kind} of {items['type']}"
-    head = f"{name} ({kind})" if kind else name
-    description = str(spec.get("description") or "").strip()
-    extras = []
-    enum = spec.get("enum") or (items or {}).get("enum")
-    if enum:
-        extras.append("one of: " + ", ".join(_value(v) for v in enum))
-    for key in ("minimum", "maximum", "default"):
-        if key in spec:
-            extras.append(f"{key}: {_value(spec[key])}")
-    body = description
-    if extras:
-        body = f"{description} ({'; '.join(extras)})" if description else "; ".join(extras)
-    lines = [f"{head}: {body}" if body else head]
-    nested = spec.get("properties") or (items or {}).get("properties") or {}
-    for child, child_spec in nested.items():
-        if isinstance(child_spec, Mapping):
-            lines.extend(_param_lines(f"{name}.{child}", child_spec))
-    return lines
-
-
 def doc_text(doc: Mapping[str, Any]) -> str:
     """The description, then one line per parameter (nested ones as ``parent.child``)."""
     lines = [str(doc.get("description") or "").strip()]
     properties = (doc.get("parameters") or {}).get("properties") or {}
     for name, spec in properties.items():
-        lines.extend(_param_lines(name, spec))
+        lines.extend(parameter_lines(name, spec))
     return "\n".join(line for line in lines if line)
 
 

@@ -31,7 +31,14 @@ from cortex_ray.act import ActionClassifier
 from cortex_ray.knowledge import Analyzer, RetrievalConfig, Tier, fuse, idf, tf_factor
 from cortex_ray.models import Embedder
 
-__all__ = ["ToolIndex", "ToolRetriever", "always_shown", "shown_note", "tool_document"]
+__all__ = [
+    "ToolIndex",
+    "ToolRetriever",
+    "always_shown",
+    "parameter_lines",
+    "shown_note",
+    "tool_document",
+]
 
 Ranked = list[tuple[int, float]]
 """(tool's position in the index, score), best first."""
@@ -45,8 +52,11 @@ def _value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _param_lines(name: str, spec: Mapping[str, Any]) -> list[str]:
-    # The layout of bench/data/bfcl-tools (bench/build_tool_set.py), where it was measured.
+def parameter_lines(name: str, spec: Mapping[str, Any]) -> list[str]:
+    """``name (type): description (one of: …; minimum: …; maximum: …; default: …)``, the
+    parenthesis holding what is given, then the nested properties as ``parent.child``: the
+    layout bench/data/bfcl-tools is built with (bench/build_tool_set.py calls this), so the
+    runtime indexes the text retrieval was measured on."""
     kind = str(spec.get("type") or "")
     items = spec.get("items") if isinstance(spec.get("items"), Mapping) else None
     if items is not None and items.get("type"):
@@ -67,7 +77,7 @@ def _param_lines(name: str, spec: Mapping[str, Any]) -> list[str]:
     nested = spec.get("properties") or (items or {}).get("properties") or {}
     for child, child_spec in nested.items():
         if isinstance(child_spec, Mapping):
-            lines.extend(_param_lines(f"{name}.{child}", child_spec))
+            lines.extend(parameter_lines(f"{name}.{child}", child_spec))
     return lines
 
 
@@ -79,7 +89,7 @@ def tool_document(spec: ToolSpec) -> str:
     properties = spec.parameters.get("properties") or {}
     for name, param in properties.items():
         if isinstance(param, Mapping):
-            lines.extend(_param_lines(name, param))
+            lines.extend(parameter_lines(name, param))
     return "\n".join(line for line in lines if line)
 
 
