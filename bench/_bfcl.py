@@ -32,7 +32,7 @@ import importlib.util
 import json
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,28 +136,36 @@ def _lines(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def load_cases(data_dir: Path, category: str) -> list[Case]:
-    """Every case of ``category`` (one of ``CATEGORIES``), in file order."""
-    if category not in CATEGORIES:
-        raise ValueError(f"unknown or held-out category {category!r} (known: {CATEGORIES})")
+def single_turn_cases(
+    data_dir: Path, category: str
+) -> Iterator[tuple[dict[str, Any], str, list[Any]]]:
+    """Each case of the file ``BFCL_v4_<category>.json`` (no category check: the caller
+    decides which may be read) as (the raw case, its question: the user messages joined,
+    its possible answer), in file order."""
     name = f"BFCL_v4_{category}.json"
     answers = {a["id"]: a["ground_truth"] for a in _lines(data_dir / "possible_answer" / name)}
-    cases = []
     for raw in _lines(data_dir / name):
         turns = raw["question"]
         if len(turns) != 1:
             raise ValueError(f"{raw['id']}: expected one turn, got {len(turns)}")
         question = "\n".join(m["content"] for m in turns[0] if m["role"] == "user")
-        cases.append(
-            Case(
-                id=raw["id"],
-                category=category,
-                question=question,
-                functions=tuple(raw["function"]),
-                answers=tuple(answers[raw["id"]]),
-            )
+        yield raw, question, answers[raw["id"]]
+
+
+def load_cases(data_dir: Path, category: str) -> list[Case]:
+    """Every case of ``category`` (one of ``CATEGORIES``), in file order."""
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown or held-out category {category!r} (known: {CATEGORIES})")
+    return [
+        Case(
+            id=raw["id"],
+            category=category,
+            question=question,
+            functions=tuple(raw["function"]),
+            answers=tuple(answers),
         )
-    return cases
+        for raw, question, answers in single_turn_cases(data_dir, category)
+    ]
 
 
 def sample_cases(cases: Sequence[Case], n: int, seed: int) -> list[Case]:

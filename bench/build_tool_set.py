@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bfcl import bfcl_data_dir
+from _bfcl import bfcl_data_dir, single_turn_cases
 
 from cortex_ray.perceive._tool_retrieval import parameter_lines
 
@@ -78,28 +78,18 @@ class ToolSet:
     counts: dict[str, dict[str, float]]
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def read_cases(data_dir: Path, category: str) -> list[ToolCase]:
     """Every case of ``category`` with its gold function names, in file order.
 
-    Not ``_bfcl.load_cases``: that one admits the Python categories only (the agent
-    benchmark's), and this set also takes BFCL's Java and JavaScript cases.
+    Read with ``_bfcl.single_turn_cases``; not ``_bfcl.load_cases``, which admits the Python
+    categories only (the agent benchmark's): this set also takes BFCL's Java and JavaScript
+    cases.
     """
     if category not in CATEGORIES:
         raise ValueError(f"unknown or held-out category {category!r} (known: {CATEGORIES})")
-    name = f"BFCL_v4_{category}.json"
-    answers = {a["id"]: a["ground_truth"] for a in _lines(data_dir / "possible_answer" / name)}
     cases = []
-    for raw in _lines(data_dir / name):
-        turns = raw["question"]
-        if len(turns) != 1:
-            raise ValueError(f"{raw['id']}: expected one turn, got {len(turns)}")
-        question = "\n".join(m["content"] for m in turns[0] if m["role"] == "user")
-        gold = tuple(dict.fromkeys(next(iter(call)) for call in answers[raw["id"]]))
+    for raw, question, answers in single_turn_cases(data_dir, category):
+        gold = tuple(dict.fromkeys(next(iter(call)) for call in answers))
         offered = {f["name"] for f in raw["function"]}
         if len(offered) != len(raw["function"]):
             raise ValueError(f"{raw['id']}: two functions share a name")
