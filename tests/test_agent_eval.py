@@ -3,33 +3,23 @@ one real run of ``single`` through the planner and the baseline on the fast test
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import jsonschema
 import pytest
+from bench_modules import load_bench
 
 from cortex_ray.models import TEST_MODEL_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # pydantic resolves the models' annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-bfcl = _load("_bfcl")
+bfcl = load_bench("_bfcl")
 
 TRIANGLE: dict[str, Any] = {
     "name": "geometry.triangle_area",
@@ -351,7 +341,7 @@ def test_single_runs_the_planner_and_the_baseline_on_real_cases(tmp_path: Path) 
 @needs_data
 def test_multi_turn_answers_replay_to_the_same_state_and_a_wrong_run_differs() -> None:
     assert DATA is not None
-    mt = _load("_multiturn")
+    mt = load_bench("_multiturn")
     cases = {c.id: c for c in mt.load_multi_turn(DATA)}
     assert len(cases) == 200
     case = cases["multi_turn_base_0"]
@@ -372,7 +362,7 @@ def test_multi_turn_answers_replay_to_the_same_state_and_a_wrong_run_differs() -
 
 
 def test_possible_answer_calls_are_parsed_not_evaluated() -> None:
-    mt = _load("_multiturn")
+    mt = load_bench("_multiturn")
     env = mt.ToolEnv(mt.MultiTurnCase(id="x", turns=(), initial_config={}, classes=(), answers=()))
     for source in ("__import__('os').system('true')", "cd(folder=open('/etc/passwd'))", "x.y()"):
         with pytest.raises(ValueError):

@@ -6,32 +6,22 @@ not asserted (docs/benchmarks.md)."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_modules import load_bench
 
 from cortex_ray.models import TEST_MODEL_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tasks = _load("_tasks")
+tasks = load_bench("_tasks")
 WHEN = datetime(2026, 12, 1, 15, 2, tzinfo=UTC)
 
 

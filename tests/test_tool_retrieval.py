@@ -447,19 +447,9 @@ async def test_interactive_turn_shows_reply_and_gates_a_held_unshown_call(
 
 
 def _bench(name: str) -> Any:
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from bench_modules import load_bench
 
-    bench = Path(__file__).resolve().parents[1] / "bench"
-    if str(bench) not in sys.path:
-        sys.path.insert(0, str(bench))
-    found = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
-    assert found is not None and found.loader is not None
-    module = importlib.util.module_from_spec(found)
-    sys.modules[name] = module
-    found.loader.exec_module(module)
-    return module
+    return load_bench(name)
 
 
 def test_distractors_are_other_functions_drawn_the_same_way_every_time() -> None:

@@ -3,30 +3,19 @@ the committed files are exactly what the installed bfcl-eval gives, and the set 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from bench_modules import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "bench" / "data" / "bfcl-tools"
 FILES = ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv")
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-build_tool_set = _load("build_tool_set")
+build_tool_set = load_bench("build_tool_set")
 DATA = build_tool_set.bfcl_data_dir()
 needs_data = pytest.mark.skipif(
     DATA is None, reason="bfcl-eval is not installed (./dev setup installs it)"
