@@ -109,6 +109,7 @@ from cortex_ray.memory import (
     importance_scorer_for,
 )
 from cortex_ray.models import (
+    CrossEncoderReranker,
     Embedder,
     ModelClient,
     ModelSlot,
@@ -265,9 +266,10 @@ class Runtime:
         Models open through the backend registry (``cortex_ray.models.open_models``):
         ``model="settings"`` opens the chat model of ``model_backend``; pass a client (or
         ``None``) to override. Likewise ``embedder`` (else ``embedding_backend``) and
-        ``importance``. ``reranker`` (a cross-encoder) reranks knowledge search; without one
-        the backend's reranker is used if it has one (the ``served`` backend does), else
-        that stage is skipped and each result says so. ``critic_model`` reviews the answers
+        ``importance``. ``reranker`` reranks knowledge search; without one, the CrossEncoder
+        that ``reranker_model`` names (loaded here), else the backend's reranker if it has
+        one (the ``served`` backend does), else that stage is skipped and each result says
+        so. ``critic_model`` reviews the answers
         of agents with ``critic`` on (default: their own model, a same-lineage review).
         """
         if settings is None:
@@ -309,7 +311,10 @@ class Runtime:
                 importance = importance_scorer_for(settings, chat_model)
             memory = MemoryService(database, emb, settings, importance)
             knowledge = KnowledgeService(
-                database, emb, config=settings.knowledge, reranker=reranker or parts.reranker
+                database,
+                emb,
+                config=settings.knowledge,
+                reranker=reranker or _configured_reranker(settings) or parts.reranker,
             )
             runtime = cls(
                 settings=settings,
@@ -1499,6 +1504,17 @@ class Runtime:
         if revoked_now:
             await self._audited(caller, UseCase.API_KEYS_REVOKE, org_id, args=args)
         return ApiKeyRevoked(key_id=key_id, revoked_at=revoked_at, revoked_now=revoked_now)
+
+
+def _configured_reranker(settings: Settings) -> Reranker | None:
+    """The CrossEncoder ``reranker_model`` names, loaded in this process; a named model
+    that does not load stops the start (a reranker asked for by name is not skipped)."""
+    if settings.reranker_model is None:
+        return None
+    reranker = CrossEncoderReranker(settings.reranker_model, device=settings.embedding_device)
+    if not reranker.available:
+        raise ConfigurationError(f"reranker_model={settings.reranker_model}: {reranker.reason}")
+    return reranker
 
 
 def _turn_failure(exc: BaseException) -> str:

@@ -442,6 +442,11 @@ class Settings(BaseSettings):
         "→ packaged MiniLM; its dimension must be the schema's (384)",
     )
     embedding_device: str | None = Field(default=None, description="cpu, cuda, ...; unset → auto")
+    reranker_model: str | None = Field(
+        default=None,
+        description="CrossEncoder path or name that reranks knowledge search in this process "
+        "(unset → the served backend's reranker, else none: no package ships one)",
+    )
     embedding_max_batch: int = Field(
         default=256, ge=1, description="texts per /v1/embeddings request (embedding_backend=openai)"
     )

@@ -732,6 +732,7 @@ def _org_router() -> APIRouter:
             tiers=result.tiers,
             fusion=result.fusion,
             reranked=result.reranked,
+            reranker=result.reranker,
             skipped=result.skipped,
             publications=result.publications,
         )

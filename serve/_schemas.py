@@ -846,6 +846,9 @@ class KnowledgeSearch(_Out):
     tiers: list[Tier] = Field(description="the tiers that produced candidates")
     fusion: Fusion
     reranked: bool
+    reranker: str | None = Field(
+        default=None, description="the reranker that reordered the hits, if one ran"
+    )
     skipped: list[str] = Field(description="stages that did not run, each with its reason")
     publications: dict[str, int] = Field(description="the generation searched per collection")
 

@@ -17,9 +17,11 @@ from cortex_ray import (
     ActionType,
     Agent,
     AgentMode,
+    ConfigurationError,
     Grant,
     InvalidRequestError,
     ObservationStatus,
+    Runtime,
     Settings,
 )
 from cortex_ray.access import AccessControlService
@@ -36,7 +38,7 @@ from cortex_ray.knowledge import (
     term_counts,
     vector_literal,
 )
-from cortex_ray.models import HashEmbedder, RerankHit
+from cortex_ray.models import CrossEncoderReranker, HashEmbedder, RerankHit, packaged_minilm_path
 from cortex_ray.storage import Database, Store
 
 GUIDE_V1 = b"""# Guide
@@ -379,6 +381,7 @@ async def test_tiers_lazy_passage_vectors_and_backfill_in_order_of_use(
 class FakeReranker:
     """Prefers shorter passages: enough to see that the stage ran."""
 
+    name = "fake:shortest-first"
     available = True
     reason = None
 
@@ -394,8 +397,58 @@ async def test_a_reranker_reorders_when_available(writer, db, org, hash_embedder
     service = KnowledgeService(db, hash_embedder, reranker=FakeReranker())
     result = await service.search(org, "install agents penguins", k=3)
     assert result.reranked and result.skipped == []
+    assert result.reranker == "fake:shortest-first"
     assert [len(h.text) for h in result.hits] == sorted(len(h.text) for h in result.hits)
     assert all(h.rerank_score is not None for h in result.hits)
+
+
+async def test_a_real_cross_encoder_reranks_and_is_named(writer, db, org, hash_embedder) -> None:
+    """The real path: a sentence-transformers CrossEncoder in this process. The packaged
+    MiniLM loaded as one has an untrained head, so only the mechanics are checked: the hits
+    come back in the cross-encoder's order, scored by it, and the result names it."""
+    ingest(writer, org, "docs", {"guide.md": GUIDE_V1, "notes.md": NOTES})
+    reranker = CrossEncoderReranker(packaged_minilm_path())
+    assert reranker.available and reranker.reason is None
+    service = KnowledgeService(db, hash_embedder, reranker=reranker)
+    result = await service.search(org, "install agents penguins", k=3)
+    assert result.reranked and result.reranker == f"cross-encoder:{packaged_minilm_path()}"
+    scores = [h.rerank_score for h in result.hits]
+    assert None not in scores and scores == sorted(scores, reverse=True)  # type: ignore[type-var]
+    direct = await reranker.rerank("install agents penguins", [h.text for h in result.hits])
+    assert [h.index for h in direct] == list(range(len(result.hits)))  # same order, same model
+
+
+async def test_the_runtime_loads_the_cross_encoder_the_settings_name(
+    settings: Settings, db: Database, tmp_path: Path
+) -> None:
+    base = settings.model_copy(update={"embedding_backend": "hash"})
+    named = base.model_copy(update={"reranker_model": str(packaged_minilm_path())})
+    runtime = await Runtime.open(named, model=None, embedder=HashEmbedder(384), db=db)
+    try:
+        assert runtime.knowledge is not None and runtime.knowledge.reranker is not None
+        assert runtime.knowledge.reranker.name == f"cross-encoder:{packaged_minilm_path()}"
+    finally:
+        await runtime.close()
+    missing = base.model_copy(update={"reranker_model": str(tmp_path / "nowhere")})
+    with pytest.raises(ConfigurationError, match=r"reranker_model=.*did not load"):
+        await Runtime.open(missing, model=None, embedder=HashEmbedder(384), db=db)
+
+
+async def test_a_cross_encoder_that_cannot_load_is_skipped_with_its_reason(
+    writer, db, org, hash_embedder, tmp_path
+) -> None:
+    ingest(writer, org, "docs", {"guide.md": GUIDE_V1})
+    for reranker, says in [
+        (CrossEncoderReranker(None), "no cross-encoder model is configured"),
+        (CrossEncoderReranker(tmp_path / "missing"), "did not load"),
+    ]:
+        assert not reranker.available and says in (reranker.reason or "")
+        with pytest.raises(RuntimeError, match="unavailable"):
+            await reranker.rerank("q", ["a"])
+        service = KnowledgeService(db, hash_embedder, reranker=reranker)
+        result = await service.search(org, "install agents", k=3)
+        assert not result.reranked and result.reranker is None
+        assert any(says in s for s in result.skipped) and result.hits
 
 
 async def test_filtered_dense_search_does_not_lose_results(writer, db, org) -> None:

@@ -594,7 +594,9 @@ async def test_rerank_answers_in_the_cohere_shape(http: Any, conforms: Any) -> N
     )
     assert r.status_code == 200, r.text
     body = r.json()
-    assert set(body) == {"id", "model", "usage", "results"} and body["model"] == RERANK_ID
+    assert set(body) == {"id", "model", "reranker", "usage", "results"}
+    assert body["model"] == RERANK_ID  # the name clients send; which model ran, below
+    assert body["reranker"] == f"cross-encoder:{packaged_minilm_path()}"
     results = body["results"]
     assert len(results) == 2
     scores = [x["relevance_score"] for x in results]
@@ -632,6 +634,7 @@ async def test_a_reranker_without_a_model_reports_itself_unavailable(
     reranker = await HandleReranker.connect(handle)
     assert isinstance(reranker, Reranker)
     assert reranker.available is False and reranker.reason
+    assert reranker.name == "cross-encoder:none"
 
 
 # --- the core's seams over handles and HTTP --------------------------------------------------
@@ -770,6 +773,7 @@ async def test_served_settings_open_a_runtime_on_the_apps_deployments(
         assert runtime.knowledge is not None
         assert isinstance(runtime.knowledge.reranker, HandleReranker)
         assert runtime.knowledge.reranker.available
+        assert runtime.knowledge.reranker.name == f"cross-encoder:{packaged_minilm_path()}"
     finally:
         await runtime.close()
     # Only what the settings call served moves: no chat model stays none.

@@ -444,6 +444,7 @@ class KnowledgeService:
 
         skipped: list[str] = []
         reranked = False
+        reranker_name: str | None = None
         rerank_scores: dict[int, float] = {}
         pool = fused[: max(k, cfg.rerank_candidates)] if rerank else fused[:k]
         details = await self._details(org_id, [pid for pid, _ in pool])
@@ -462,6 +463,7 @@ class KnowledgeService:
             rerank_scores = {pid: rerank_scores.get(pid, floor) for pid, _ in pool}
             pool = sorted(pool, key=lambda x: (-rerank_scores[x[0]], x[0]))
             reranked = True
+            reranker_name = self.reranker.name
             timings["rerank"] = _ms(t0)
         final = pool[:k]
 
@@ -499,6 +501,7 @@ class KnowledgeService:
             tiers=answered,
             fusion=method,
             reranked=reranked,
+            reranker=reranker_name,
             skipped=skipped,
             publications=pub.generations,
             lazily_embedded=len(lazily),

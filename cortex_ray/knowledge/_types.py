@@ -115,6 +115,8 @@ class SearchResult(_Frozen):
     """The tiers that produced candidates for this query."""
     fusion: Fusion
     reranked: bool
+    reranker: str | None = None
+    """The reranker that reordered the hits (its ``name``), or ``None`` when none ran."""
     skipped: list[str] = []
     """Stages that did not run, each with its reason (e.g. no reranker available)."""
     publications: dict[str, int] = {}

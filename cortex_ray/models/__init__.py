@@ -43,19 +43,21 @@ from cortex_ray.models.embeddings import (
     SentenceTransformerEmbedder,
     packaged_minilm_path,
 )
-from cortex_ray.models.reranking import Reranker, RerankHit
+from cortex_ray.models.reranking import NO_RERANKER_MODEL, CrossEncoderReranker, Reranker, RerankHit
 from cortex_ray.models.scripted import ScriptedModelClient
 
 __all__ = [
     "BACKGROUND_PRIORITY",
     "DEFAULT_MODEL_NAME",
     "ENTRY_POINT_GROUP",
+    "NO_RERANKER_MODEL",
     "PACKAGED_MODELS",
     "TEST_MODEL_NAME",
     "BackendOpener",
     "ChatMessage",
     "ChatRequest",
     "ChatResponse",
+    "CrossEncoderReranker",
     "Embedder",
     "HashEmbedder",
     "ModelBackend",

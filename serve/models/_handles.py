@@ -31,7 +31,6 @@ from cortex_ray.models import (
     Usage,
     register_backend,
 )
-from cortex_ray.models.reranking import RerankHit
 from serve.models._builder import DEFAULT_MODELS_APP
 from serve.models._config import (
     SETTINGS_MIRROR,
@@ -43,7 +42,7 @@ from serve.models._embedder import EMBEDDER_NAME
 from serve.models._ingress import INGRESS_NAME
 from serve.models._llm import LLM_NAME, chat_backend
 from serve.models._openai import ChatCompletionRequest, Failure
-from serve.models._reranker import RERANKER_NAME
+from serve.models._reranker import RERANKER_NAME, HandleReranker
 
 try:
     from ray import serve as ray_serve
@@ -173,40 +172,6 @@ class HandleModelClient:
 
     async def aclose(self) -> None:
         """Nothing to close: the deployment outlives its callers."""
-
-
-class HandleReranker:
-    """Reranks through the ``Reranker`` deployment; ``available`` is read once at connect."""
-
-    def __init__(
-        self, handle: DeploymentHandle[Any], *, available: bool, reason: str | None
-    ) -> None:
-        self._handle = handle
-        self._available = available
-        self._reason = reason
-
-    @classmethod
-    async def connect(cls, handle: DeploymentHandle[Any]) -> HandleReranker:
-        state = await handle.health.remote()
-        return cls(handle, available=bool(state["available"]), reason=state["reason"])
-
-    @property
-    def available(self) -> bool:
-        return self._available
-
-    @property
-    def reason(self) -> str | None:
-        return self._reason
-
-    async def rerank(
-        self, query: str, documents: list[str], top_n: int | None = None
-    ) -> list[RerankHit]:
-        if not documents:
-            return []
-        result = await self._handle.rerank.remote(query, documents, top_n)
-        if isinstance(result, Failure):
-            raise ModelError(result.message)
-        return [RerankHit(index=i, score=s) for i, s in result]
 
 
 @dataclass

@@ -2,9 +2,10 @@
 
 Routes: ``GET /v1/models``, ``GET /v1/models/{model}``, ``POST /v1/embeddings``,
 ``POST /v1/chat/completions`` (JSON, or server-sent ``data:`` chunks ending with
-``data: [DONE]``), ``POST /v1/rerank`` (the Cohere/Jina shape vLLM serves) and
-``GET /health`` (each model's availability). Bodies are validated strictly before any
-model runs; every refusal is OpenAI's error body (see ``serve/models/_openai.py``).
+``data: [DONE]``), ``POST /v1/rerank`` (the Cohere/Jina shape vLLM serves, plus
+``reranker``: which one ran) and ``GET /health`` (each model's availability). Bodies are
+validated strictly before any model runs; every refusal is OpenAI's error body (see
+``serve/models/_openai.py``).
 
 Guards (``IngressConfig``), before a body is read: bearer API keys from the API's key store
 (401; on unless Serve binds only to loopback), a body-size limit (413; ``Content-Length``
@@ -45,6 +46,7 @@ from serve.models._openai import (
     completion_id,
     now,
 )
+from serve.models._reranker import HandleReranker
 
 try:
     from ray import serve as ray_serve
@@ -329,6 +331,16 @@ def create_model_app(
             dims.append(int((await embedder.info.remote())["dim"]))
         return dims[0]
 
+    rerankers: list[HandleReranker] = []
+
+    async def core_reranker() -> HandleReranker:
+        """The deployment behind the core's ``Reranker`` interface (read once): the route
+        reranks through the same seam knowledge search does."""
+        assert reranker is not None
+        if not rerankers:
+            rerankers.append(await HandleReranker.connect(reranker))
+        return rerankers[0]
+
     async def reranker_state() -> dict[str, Any] | None:
         if reranker is None or config.reranker is None:
             return None
@@ -465,22 +477,25 @@ def create_model_app(
         for i, doc in enumerate(docs):
             if len(doc) > limits.max_input_chars:
                 check_text(doc, f"documents[{i}]")
-        result = await reranker.rerank.remote(body.query, docs, body.top_n)
-        if isinstance(result, Failure):
-            log.warning("rerank refused: %s", result.message)
-            raise FailureError(result)
+        seam = await core_reranker()
+        if not seam.available:
+            failure = Failure.unavailable(f"the reranker {body.model!r}", str(seam.reason))
+            log.warning("rerank refused: %s", failure.message)
+            raise FailureError(failure)
+        hits = await seam.rerank(body.query, docs, body.top_n)
         results = [
             {
-                "index": index,
-                "relevance_score": score,
-                **({"document": {"text": docs[index]}} if body.return_documents else {}),
+                "index": hit.index,
+                "relevance_score": hit.score,
+                **({"document": {"text": docs[hit.index]}} if body.return_documents else {}),
             }
-            for index, score in result
+            for hit in hits
         ]
         return JSONResponse(
             {
                 "id": completion_id("rerank"),
                 "model": body.model,
+                "reranker": seam.name,
                 "usage": {"total_tokens": 0},
                 "results": results,
             }

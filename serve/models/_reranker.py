@@ -1,4 +1,4 @@
-"""The reranking deployment: a sentence-transformers ``CrossEncoder``, or an honest absence.
+"""The reranking deployment: the core's ``CrossEncoderReranker``, or an honest absence.
 
 No package ships cross-encoder weights and these machines have no internet, so the default
 configuration names no model. The deployment then starts anyway and reports itself
@@ -8,91 +8,118 @@ unavailable (``available() is False``, ``health()`` with the reason, a warning i
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 from typing import Any
 
+from cortex_ray._exceptions import ModelError
+from cortex_ray.models.reranking import CrossEncoderReranker, RerankHit
 from serve.models._config import RerankerConfig
 from serve.models._openai import Failure
 
 try:
     from ray import serve as ray_serve
     from ray.serve import Deployment
+    from ray.serve.handle import DeploymentHandle
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("model serving needs Ray Serve: pip install 'cortex-ray[ray]'") from exc
 
-__all__ = ["RERANKER_NAME", "RerankerDeployment", "RerankerServer"]
+__all__ = ["RERANKER_NAME", "HandleReranker", "RerankerDeployment", "RerankerServer"]
 
 log = logging.getLogger("serve.models")
 
 RERANKER_NAME = "Reranker"
 
-NO_MODEL = (
-    "no cross-encoder model is configured (no installed package ships one; set "
-    "reranker.model to a CrossEncoder path or name)"
-)
-
 
 class RerankerServer:
-    """Scores (query, document) pairs with a CrossEncoder, best first.
+    """Scores (query, document) pairs with the core's ``CrossEncoderReranker``, best first.
 
-    Handle methods: ``available() -> bool``, ``health() -> dict``,
-    ``rerank(query, documents, top_n) -> [(index, score), ...] | Failure``.
+    Handle methods: ``available() -> bool``, ``health() -> dict`` (with the reranker's
+    ``name``), ``rerank(query, documents, top_n) -> [(index, score), ...] | Failure``.
     """
 
     def __init__(self, config: RerankerConfig | None = None) -> None:
         self._config = config or RerankerConfig()
-        self._model: Any = None
-        self._reason: str | None = None
-        self._lock = threading.Lock()
-        if self._config.model is None:
-            self._reason = NO_MODEL
+        self._reranker = CrossEncoderReranker(
+            self._config.model,
+            device=self._config.device,
+            max_length=self._config.max_length,
+            batch_size=self._config.batch_size,
+        )
+        if self._reranker.available:
+            log.info("reranker %s ready: %s", self._config.model_id, self._reranker.name)
         else:
-            try:
-                from sentence_transformers import CrossEncoder
-
-                self._model = CrossEncoder(
-                    self._config.model,
-                    device=self._config.device,
-                    max_length=self._config.max_length,
-                )
-            except Exception as exc:  # any load failure leaves the stage unavailable
-                self._reason = f"the cross-encoder {self._config.model!r} did not load: {exc}"
-        if self._model is None:
-            log.warning("reranker %s unavailable: %s", self._config.model_id, self._reason)
-        else:
-            log.info("reranker %s ready: %s", self._config.model_id, self._config.model)
+            log.warning("reranker %s unavailable: %s", self._config.model_id, self._reranker.reason)
 
     async def available(self) -> bool:
-        return self._model is not None
+        return self._reranker.available
 
     async def health(self) -> dict[str, Any]:
         return {
             "model_id": self._config.model_id,
-            "available": self._model is not None,
-            "reason": self._reason,
+            "name": self._reranker.name,
+            "available": self._reranker.available,
+            "reason": self._reranker.reason,
         }
-
-    def _score(self, query: str, documents: list[str]) -> list[float]:
-        with self._lock:
-            scores = self._model.predict(
-                [(query, d) for d in documents],
-                batch_size=self._config.batch_size,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
-        return [float(s) for s in scores]
 
     async def rerank(
         self, query: str, documents: list[str], top_n: int | None = None
     ) -> list[tuple[int, float]] | Failure:
-        if self._model is None:
-            return Failure.unavailable(f"the reranker {self._config.model_id!r}", str(self._reason))
-        scores = await asyncio.to_thread(self._score, query, documents)
-        ranked = sorted(enumerate(scores), key=lambda pair: pair[1], reverse=True)
-        return ranked[:top_n] if top_n is not None else ranked
+        if not self._reranker.available:
+            return Failure.unavailable(
+                f"the reranker {self._config.model_id!r}", str(self._reranker.reason)
+            )
+        hits = await self._reranker.rerank(query, documents, top_n)
+        return [(h.index, h.score) for h in hits]
 
 
 RerankerDeployment: Deployment = ray_serve.deployment(name=RERANKER_NAME)(RerankerServer)
 """``RerankerDeployment.bind(RerankerConfig(...))``; options from ``config.deployment``."""
+
+
+class HandleReranker:
+    """Reranks through the ``Reranker`` deployment; ``available`` is read once at connect."""
+
+    def __init__(
+        self,
+        handle: DeploymentHandle[Any],
+        *,
+        name: str,
+        available: bool,
+        reason: str | None,
+    ) -> None:
+        self._handle = handle
+        self._name = name
+        self._available = available
+        self._reason = reason
+
+    @classmethod
+    async def connect(cls, handle: DeploymentHandle[Any]) -> HandleReranker:
+        state = await handle.health.remote()
+        return cls(
+            handle,
+            name=str(state["name"]),
+            available=bool(state["available"]),
+            reason=state["reason"],
+        )
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def available(self) -> bool:
+        return self._available
+
+    @property
+    def reason(self) -> str | None:
+        return self._reason
+
+    async def rerank(
+        self, query: str, documents: list[str], top_n: int | None = None
+    ) -> list[RerankHit]:
+        if not documents:
+            return []
+        result = await self._handle.rerank.remote(query, documents, top_n)
+        if isinstance(result, Failure):
+            raise ModelError(result.message)
+        return [RerankHit(index=i, score=s) for i, s in result]
