@@ -33,9 +33,11 @@ from cortex_ray._runtime import ApiKeyCreated, ApiKeyRevoked, Runtime
 from cortex_ray._settings import (
     ApiOptions,
     IngestJobOptions,
+    LocalSpans,
     RunPolicy,
     SessionPolicy,
     Settings,
+    TracingOptions,
     load_settings,
 )
 from cortex_ray._shutdown import (
@@ -105,6 +107,7 @@ __all__ = [
     "Interrupted",
     "InvalidRequestError",
     "LeaseLost",
+    "LocalSpans",
     "MemoryKind",
     "MemoryRecord",
     "MemorySnapshot",
@@ -132,6 +135,7 @@ __all__ = [
     "StructuredOutputError",
     "TaskRun",
     "ToolSpec",
+    "TracingOptions",
     "Turn",
     "TurnEvent",
     "TurnEventKind",

@@ -33,7 +33,14 @@ from cortex_ray._exceptions import (
     LeaseLost,
 )
 from cortex_ray._settings import DECIDE_SETTINGS, Settings
-from cortex_ray._tracing import tracer
+from cortex_ray._tracing import (
+    GEN_AI_AGENT_ID,
+    GEN_AI_AGENT_NAME,
+    GEN_AI_CONVERSATION_ID,
+    GEN_AI_OPERATION_NAME,
+    end_run_span,
+    tracer,
+)
 from cortex_ray._types import (
     Agent,
     AgentAction,
@@ -159,18 +166,22 @@ class DecisionCycle:
         )
         shown = shown_note(wm.action_space, wm.hidden_tools)
         kept: StepRecording | None = None
-        if record:
-            with recording() as tape:
-                started = time.perf_counter()
+        with tracer.start_as_current_span("decide") as span:
+            if record:
+                with recording() as tape:
+                    started = time.perf_counter()
+                    decision = await decide(wm)  # DECIDE
+                    took = (time.perf_counter() - started) * 1000
+                seen = wm.model_copy(update={"observations": (), "conversation": ()})
+                used = {k: getattr(self.settings, k) for k in DECIDE_SETTINGS}
+                kept = StepRecording(
+                    wm=seen, model_calls=tuple(tape), decide_ms=round(took, 3), settings=used
+                )
+            else:
                 decision = await decide(wm)  # DECIDE
-                took = (time.perf_counter() - started) * 1000
-            seen = wm.model_copy(update={"observations": (), "conversation": ()})
-            used = {k: getattr(self.settings, k) for k in DECIDE_SETTINGS}
-            kept = StepRecording(
-                wm=seen, model_calls=tuple(tape), decide_ms=round(took, 3), settings=used
-            )
-        else:
-            decision = await decide(wm)  # DECIDE
+            span.set_attribute("cortex.decision", decision.kind.value)
+            if decision.action is not None:
+                span.set_attribute("cortex.tool", decision.action.tool)
         if decision.kind is not DecisionKind.ACT or decision.action is None:
             return CycleStep(decision, recording=kept, shown=shown)
         if before_act is not None:
@@ -273,14 +284,24 @@ class DecisionCycle:
         if observations is None:
             observations = _observed(steps)
         with tracer.start_as_current_span(
-            "cortex.run", attributes={"cortex.run_id": str(run.id), "cortex.org": run.org_id}
-        ):
+            f"invoke_agent {agent.name}",
+            attributes={
+                GEN_AI_OPERATION_NAME: "invoke_agent",
+                GEN_AI_AGENT_NAME: agent.name,
+                GEN_AI_AGENT_ID: str(agent.id),
+                "cortex.org_id": run.org_id,
+                "cortex.run_id": str(run.id),
+                "cortex.mode": "autonomous",
+                "cortex.resumed_at_step": len(steps),
+            },
+        ) as span:
             for step_index in range(len(steps), run.max_steps):
                 step, final = await self._autonomous_step(
                     agent, run, lease, step_index, observations, on_step
                 )
                 steps.append(step)
                 if final is not None:
+                    end_run_span(span, final)
                     return final.model_copy(update={"steps": tuple(steps)})
             final = await self._finish(
                 agent,
@@ -289,6 +310,7 @@ class DecisionCycle:
                 RunStatus.FAILED,
                 reason=f"step budget of {run.max_steps} exhausted before the goal was met",
             )
+            end_run_span(span, final)
         return final.model_copy(update={"steps": tuple(steps)})
 
     async def _autonomous_step(
@@ -301,7 +323,14 @@ class DecisionCycle:
         on_step: StepCallback | None,
     ) -> tuple[Step, TaskRun | None]:
         """One cycle: its ledger row, and the finished run when it reached a terminal state."""
-        with tracer.start_as_current_span("cortex.step", attributes={"cortex.step": step_index}):
+        with tracer.start_as_current_span(
+            f"step {step_index}",
+            attributes={
+                "cortex.step": step_index,
+                "cortex.org_id": run.org_id,
+                "cortex.run_id": str(run.id),
+            },
+        ):
             side_effects = False
 
             async def make_intent_durable(action: AgentAction) -> None:
@@ -455,7 +484,16 @@ class DecisionCycle:
         refused: str | None = None
         round_index = 0
         with tracer.start_as_current_span(
-            "cortex.turn", attributes={"cortex.session": str(session.id)}
+            f"invoke_agent {agent.name}",
+            attributes={
+                GEN_AI_OPERATION_NAME: "invoke_agent",
+                GEN_AI_AGENT_NAME: agent.name,
+                GEN_AI_AGENT_ID: str(agent.id),
+                GEN_AI_CONVERSATION_ID: str(session.id),
+                "cortex.org_id": session.org_id,
+                "cortex.session_id": str(session.id),
+                "cortex.mode": "interactive",
+            },
         ):
             for round_index in range(self.settings.max_tool_rounds + 1):
                 # The last round may only reply: the bound on tool rounds.

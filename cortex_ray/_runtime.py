@@ -117,6 +117,7 @@ from cortex_ray.models import (
     Reranker,
     open_models,
 )
+from cortex_ray.observability import RunTrace, Tracing
 from cortex_ray.perceive import PromptComposer, ToolRetriever, WorkingMemoryAssembler
 from cortex_ray.storage import (
     AuditEntry,
@@ -224,8 +225,13 @@ class Runtime:
         # the agent's own model with a reviewer's prompt (same lineage, said so in the log).
         # The drivers' calls go through a recorder: inside an autonomous step's DECIDE each
         # one is kept for the step's cassette (``record_decisions``); elsewhere it forwards.
-        deciding = None if model is None else RecordingModelClient(model)
-        reviewing = RecordingModelClient(critic_model) if critic_model is not None else deciding
+        capture = settings.tracing
+        deciding = None if model is None else RecordingModelClient(model, capture=capture)
+        reviewing = (
+            RecordingModelClient(critic_model, capture=capture)
+            if critic_model is not None
+            else deciding
+        )
         critic = Critic(reviewing, self.composer, settings, independent=critic_model is not None)
         self.autonomous = AutonomousDriver(deciding, self.composer, settings, critic=critic)
         self.interactive = InteractiveDriver(deciding, self.composer, settings, critic=critic)
@@ -243,6 +249,9 @@ class Runtime:
         )
         self._owns_model = False
         self._owns_db = False
+        # Spans of this process's cycles go to an OTLP collector and/or this database's
+        # trace_spans (settings.tracing; docs/operations.md, "Traces").
+        self.tracing = Tracing.open(settings, db.dsn)
         self.driver_id = f"{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:8]}"
         """Who this runtime is as the holder of a run's lease (unique per instance; a run
         actor drives as its actor name instead: ``drive_run(owner=...)``)."""
@@ -346,6 +355,9 @@ class Runtime:
         await self.memory.aclose()
         if self.model is not None and self._owns_model:
             await self.model.aclose()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.close)  # flushes the spans still queued
+            self.tracing = None
         if close_db and self._owns_db:
             await self.db.close()
 
@@ -763,6 +775,21 @@ class Runtime:
         """A run with its step log."""
         await self._authorize(principal, UseCase.TASKS_GET, org_id)
         return await self.store.get_run(org_id, run_id)
+
+    async def run_trace(
+        self, org_id: str, run_id: UUID, *, principal: Principal | None = None
+    ) -> RunTrace:
+        """The run's locally kept trace (spans in tree order; one trace per attempt unless a
+        resume continued it). Empty when spans go only to a collector (``tracing.local``).
+
+        Raises:
+            NotFoundError: No such run in the organisation.
+        """
+        await self._authorize(principal, UseCase.TASKS_GET, org_id)
+        await self.store.run_status(org_id, run_id)  # 404 for a run that does not exist
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.flush)  # this process's finished spans
+        return RunTrace.of(run_id, await self.store.trace_spans(org_id, run_id))
 
     async def run_status(
         self, org_id: str, run_id: UUID, *, principal: Principal | None = None

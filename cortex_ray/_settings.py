@@ -38,10 +38,12 @@ __all__ = [
     "ApiOptions",
     "Fusion",
     "IngestJobOptions",
+    "LocalSpans",
     "RetrievalConfig",
     "RunPolicy",
     "SessionPolicy",
     "Settings",
+    "TracingOptions",
     "default_data_dir",
     "load_settings",
     "setting_variables",
@@ -331,6 +333,46 @@ class IngestJobOptions(BaseModel):
     )
 
 
+class LocalSpans(StrEnum):
+    """Whether finished spans are also kept in the database (``cortex-ray trace RUN_ID``)."""
+
+    AUTO = "auto"
+    """Kept when no collector is configured (no ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``)."""
+    ON = "on"
+    OFF = "off"
+
+
+class TracingOptions(BaseModel):
+    """Traces (OpenTelemetry, GenAI semantic conventions): ``Settings.tracing``,
+    ``CORTEX_TRACING__<FIELD>``. The exporter itself is configured the standard way
+    (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_HEADERS``, ``OTEL_SERVICE_NAME``,
+    ...; docs/operations.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(
+        default=True,
+        description="open spans at all; false leaves no tracer provider (zero cost) unless "
+        "the program sets one itself",
+    )
+    local: LocalSpans = Field(
+        default=LocalSpans.AUTO,
+        description="keep finished spans in the database: auto (when no OTLP endpoint is "
+        "set), on, off",
+    )
+    capture_content: bool = Field(
+        default=False,
+        description="put prompts, tool arguments and results in spans (scrubbed and "
+        "bounded); off: only sizes, names and outcomes",
+    )
+    max_content_chars: int = Field(
+        default=4096, ge=64, description="largest captured value per attribute"
+    )
+    retention_days: float = Field(
+        default=7.0, gt=0, description="locally kept spans older than this are deleted"
+    )
+
+
 class _KnownVariablesOnly(EnvSettingsSource):
     """The environment source, less the ``CORTEX_`` variables that name no setting.
 
@@ -566,6 +608,7 @@ class Settings(BaseSettings):
     runs: RunPolicy = Field(default_factory=RunPolicy)
     knowledge: RetrievalConfig = Field(default_factory=RetrievalConfig)
     ingest: IngestJobOptions = Field(default_factory=IngestJobOptions)
+    tracing: TracingOptions = Field(default_factory=TracingOptions)
 
     @classmethod
     def settings_customise_sources(

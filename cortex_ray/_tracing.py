@@ -1,42 +1,163 @@
-"""The decision cycle's spans, which cost nothing when no OpenTelemetry SDK is set up.
+"""The decision cycle's spans, which cost nothing when nothing records them.
 
-Without a tracer provider (none set in code, none named by ``OTEL_PYTHON_TRACER_PROVIDER``,
-or the no-op one) the API hands out spans that record nothing, yet entering and leaving
-one still swaps the current span in the context, builds its attributes and runs two
+Spans go to the tracer provider a ``Runtime`` activated (``activate_provider``: the one
+``cortex_ray.observability.Tracing`` builds from the settings, with the OTLP exporter
+and/or the local span store), else to OpenTelemetry's global provider if a program set
+one (``opentelemetry-instrument``, ``trace.set_tracer_provider``), else nowhere.
+
+Without a recording provider the API hands out spans that record nothing, yet entering and
+leaving one still swaps the current span in the context, builds its attributes and runs two
 context managers. A cycle step opens five or six of them: measured in
-bench/cycle_overhead.py, skipping them saves ~0.1 ms of client CPU a step (issue 12).
+bench/cycle_overhead.py, skipping them saves ~0.1 ms of client CPU a step (issue 12). What
+is observable stays the same: with no provider the API's span would carry its parent's
+span context (or be the current non-recording span itself), so the current span context
+seen inside is the one outside, and ``set_attribute`` on the yielded ``INVALID_SPAN`` is the
+no-op it was.
 
-What is observable stays the same: with no provider the API's span would carry its
-parent's span context (or be the current non-recording span itself), so the current span
-context seen inside is the one outside, and ``set_attribute`` on the yielded
-``INVALID_SPAN`` is the no-op it was. Once a provider is set (``opentelemetry-instrument``,
-``trace.set_tracer_provider``), every span is created as before.
+The runtime's provider is not made OpenTelemetry's global one on purpose: that can be set
+only once per process, and a process may open several runtimes (tests, the evaluation
+harness) or already have the program's own provider. Parenting does not depend on it: the
+current span lives in the context, whichever provider made it.
 """
 
 from __future__ import annotations
 
+import threading
 from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
+from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
+    GEN_AI_AGENT_ID,
+    GEN_AI_AGENT_NAME,
+    GEN_AI_CONVERSATION_ID,
+    GEN_AI_DATA_SOURCE_ID,
+    GEN_AI_INPUT_MESSAGES,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_OUTPUT_MESSAGES,
+    GEN_AI_REQUEST_MAX_TOKENS,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_REQUEST_TEMPERATURE,
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_TOOL_CALL_ARGUMENTS,
+    GEN_AI_TOOL_CALL_RESULT,
+    GEN_AI_TOOL_NAME,
+    GEN_AI_TOOL_TYPE,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+)
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import Attributes
 
-__all__ = ["tracer"]
+if TYPE_CHECKING:
+    from cortex_ray._types import TaskRun
+
+__all__ = [
+    "GEN_AI_AGENT_ID",
+    "GEN_AI_AGENT_NAME",
+    "GEN_AI_CONVERSATION_ID",
+    "GEN_AI_DATA_SOURCE_ID",
+    "GEN_AI_INPUT_MESSAGES",
+    "GEN_AI_OPERATION_NAME",
+    "GEN_AI_OUTPUT_MESSAGES",
+    "GEN_AI_REQUEST_MAX_TOKENS",
+    "GEN_AI_REQUEST_MODEL",
+    "GEN_AI_REQUEST_TEMPERATURE",
+    "GEN_AI_RESPONSE_FINISH_REASONS",
+    "GEN_AI_TOOL_CALL_ARGUMENTS",
+    "GEN_AI_TOOL_CALL_RESULT",
+    "GEN_AI_TOOL_NAME",
+    "GEN_AI_TOOL_TYPE",
+    "GEN_AI_USAGE_INPUT_TOKENS",
+    "GEN_AI_USAGE_OUTPUT_TOKENS",
+    "SEMCONV_VERSION",
+    "SpanKind",
+    "Status",
+    "StatusCode",
+    "activate_provider",
+    "active_provider",
+    "deactivate_provider",
+    "end_run_span",
+    "tracer",
+]
+
+SEMCONV_VERSION = "1.44.0"
+"""The OpenTelemetry semantic conventions the spans follow: the GenAI attribute names of
+``opentelemetry-semantic-conventions==0.66b2`` (schema 1.44.0; the GenAI part is still
+"development" status, so the names are pinned with the package)."""
 
 _NO_PROVIDER = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+_lock = threading.Lock()
+_active: list[trace.TracerProvider] = []
+_tracers: dict[int, trace.Tracer] = {}
+
+
+def activate_provider(provider: trace.TracerProvider) -> None:
+    """Send this process's cycle spans to ``provider`` (the latest activated wins) until
+    :func:`deactivate_provider`."""
+    with _lock:
+        _active.append(provider)
+
+
+def deactivate_provider(provider: trace.TracerProvider) -> None:
+    with _lock:
+        if provider in _active:
+            _active.remove(provider)
+        _tracers.pop(id(provider), None)
+
+
+def active_provider() -> trace.TracerProvider | None:
+    """The provider spans go to now, or ``None`` when nothing records them."""
+    if _active:
+        return _active[-1]
+    provider = trace.get_tracer_provider()
+    return None if isinstance(provider, _NO_PROVIDER) else provider
 
 
 class _CycleTracer:
     """``start_as_current_span`` of the ``cortex_ray`` tracer, or nothing without a provider."""
 
-    def __init__(self) -> None:
-        self._tracer = trace.get_tracer("cortex_ray")
+    def _tracer(self) -> trace.Tracer | None:
+        provider = active_provider()
+        if provider is None:
+            return None
+        found = _tracers.get(id(provider))
+        if found is None:
+            found = _tracers[id(provider)] = provider.get_tracer("cortex_ray")
+        return found
 
     def start_as_current_span(
-        self, name: str, attributes: Attributes = None
+        self,
+        name: str,
+        attributes: Attributes = None,
+        *,
+        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+        links: list[trace.Link] | None = None,
+        context: object | None = None,
     ) -> AbstractContextManager[trace.Span]:
-        if isinstance(trace.get_tracer_provider(), _NO_PROVIDER):
+        found = self._tracer()
+        if found is None:
             return nullcontext(trace.INVALID_SPAN)
-        return self._tracer.start_as_current_span(name, attributes=attributes)
+        return found.start_as_current_span(
+            name,
+            attributes=attributes,
+            kind=kind,
+            links=links,
+            context=context,  # type: ignore[arg-type]
+        )
+
+    @property
+    def recording(self) -> bool:
+        """Whether spans are recorded now (content capture is skipped when they are not)."""
+        return active_provider() is not None
 
 
 tracer = _CycleTracer()
+
+
+def end_run_span(span: trace.Span, run: TaskRun) -> None:
+    """Mark an agent-invocation span with how its run ended (a failed run is an error)."""
+    span.set_attribute("cortex.status", run.status.value)
+    if run.status.value == "FAILED":
+        span.set_status(Status(StatusCode.ERROR, (run.reason or "failed")[:200]))

@@ -60,6 +60,7 @@ from cortex_ray._types import (
 from cortex_ray.evals import Check, EvalMode, EvalRun, EvalSuite
 from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import HashEmbedder
+from cortex_ray.observability import waterfall
 
 __all__ = ["app", "main"]
 
@@ -596,6 +597,44 @@ def runs_show(
             run = await runtime.get_run(org, key, principal=operator)
             agent = await runtime.get_agent(org, run.agent_id, principal=operator)
         _print_run(run, agent.name)
+        return 0
+
+    _execute(work())
+
+
+@app.command("trace")
+def trace_command(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="The spans as JSON.")] = False,
+) -> None:
+    """Print a run's trace as a waterfall: each span's phase, status, duration and place in
+    time, tool spans with their action category and access decision (the spans this
+    deployment keeps locally: docs/operations.md, "Traces")."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        key = _parse_uuid(run_id, "run")
+        async with _runtime(with_models=False) as runtime:
+            found = await runtime.run_trace(org, key, principal=_operator(org))
+            where = runtime.tracing.sinks if runtime.tracing is not None else ()
+        if as_json:
+            _out.print_json(found.model_dump_json())
+            return 0
+        if not found.spans:
+            _err.print(
+                f"no spans are kept here for run {key} (spans kept here: "
+                f"{'yes' if 'local' in where else 'no'}; CORTEX_TRACING__LOCAL and "
+                "OTEL_EXPORTER_OTLP_ENDPOINT decide where they go)"
+            )
+            return 1
+        _out.print(
+            f"run {key}: {len(found.spans)} spans in {len(found.trace_ids)} trace(s) "
+            f"{', '.join(found.trace_ids)}",
+            highlight=False,
+        )
+        for line in waterfall(found):
+            _out.print(line, highlight=False, markup=False, soft_wrap=True)
         return 0
 
     _execute(work())

@@ -88,6 +88,7 @@ from serve._schemas import (
     TaskCreate,
     TaskList,
     TaskSummary,
+    TaskTrace,
     ToolBody,
     ToolCall,
     ToolList,
@@ -810,6 +811,15 @@ def _org_router() -> APIRouter:
         if run.status is RunStatus.RUNNING and wait > 0:
             run = await _wait_terminal(state, org, principal, run, wait)
         return from_run(run)
+
+    @router.get("/tasks/{task_id}/trace", response_model=TaskTrace, tags=["tasks"])
+    async def get_task_trace(
+        state: StateDep, org: OrgPath, principal: MemberDep, task_id: UUID
+    ) -> TaskTrace:
+        """A task run's trace: one span tree per attempt (``invoke_agent`` → steps →
+        perceive / decide / ``execute_tool`` / learn, model and retrieval calls beneath),
+        from the spans this deployment keeps locally (docs/operations.md, "Traces")."""
+        return TaskTrace.of(await state.runtime.run_trace(org, task_id, principal=principal))
 
     @router.post(
         "/tasks/{task_id}/cancel",

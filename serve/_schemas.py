@@ -59,6 +59,7 @@ from cortex_ray.evals import (
     EvalSuiteSummary,
 )
 from cortex_ray.knowledge import Fusion, SearchHit, Tier
+from cortex_ray.observability import RunTrace
 from cortex_ray.storage import SessionMessage, TurnRecord, TurnStatus
 
 __all__ = [
@@ -529,6 +530,45 @@ class TaskSummary(_Out):
     reason: str | None
     created_at: datetime
     finished_at: datetime | None
+
+
+class TraceSpanBody(_Out):
+    """One span of a run's trace (OpenTelemetry, GenAI semantic conventions)."""
+
+    trace_id: str = Field(description="W3C trace id, 32 hex digits")
+    span_id: str = Field(description="16 hex digits")
+    parent_span_id: str | None
+    name: str = Field(
+        description="invoke_agent {agent}, step N, perceive, decide, propose, "
+        "execute_tool {tool}, learn, chat {model}, embeddings {model}, ..."
+    )
+    kind: str
+    start_time: datetime
+    end_time: datetime
+    duration_ms: float
+    status: str = Field(description="UNSET, OK or ERROR")
+    status_message: str | None
+    attributes: dict[str, Any] = Field(description="gen_ai.* and cortex.* attributes")
+    depth: int = Field(description="depth in the tree (0: a root)")
+
+
+class TaskTrace(_Out):
+    """A run's locally kept trace, spans depth-first in start order (empty when spans go
+    only to a collector)."""
+
+    task_id: UUID
+    trace_ids: list[str]
+    spans: list[TraceSpanBody]
+
+    @classmethod
+    def of(cls, found: RunTrace) -> TaskTrace:
+        return cls(
+            task_id=found.run_id,
+            trace_ids=found.trace_ids,
+            spans=[
+                TraceSpanBody.model_validate(s.model_dump(exclude={"links"})) for s in found.spans
+            ],
+        )
 
 
 class TaskBody(TaskSummary):

@@ -116,6 +116,20 @@ async def test_ok_call_is_audited_with_its_category(dispatcher, store, org, capl
     assert line.action_type == "GROUNDING"  # type: ignore[attr-defined]
 
 
+async def test_the_audit_log_keeps_no_credential_the_tool_received(dispatcher, store, org) -> None:
+    """The tool gets the value it was called with; the audit row gets it scrubbed (the one
+    scrubber of cortex_ray.observability)."""
+    token = "ghp_" + "Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2Rr1Qq0Pp9Oo8"
+    obs = await dispatcher.invoke(ctx_for(org), "echo", {"text": f"use {token}"})
+    assert obs.status is ObservationStatus.OK and obs.output["echo"] == f"use {token}"
+    row = (await store.audit_rows(org))[0]
+    assert row["args"] == {"text": "use [REDACTED]"}
+    obs = await dispatcher.invoke(ctx_for(org), "echo", {"text": "x", "password": "hunter2"})
+    assert obs.status is ObservationStatus.REFUSED  # not in the schema, refused ...
+    row = (await store.audit_rows(org))[-1]  # oldest first
+    assert row["args"] == {"text": "x", "password": "[REDACTED]"}  # ... and still scrubbed
+
+
 @pytest.mark.parametrize(
     ("tool", "args", "reason"),
     [

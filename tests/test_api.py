@@ -366,6 +366,22 @@ async def test_task_runs_to_completion_with_its_step_log(
     # The seed's name for the same log: a JSON string of exactly these steps.
     assert json.loads(task["stepsJson"]) == task["steps"]
 
+    # Its trace: one tree, the agent's invocation at the root, the cycle's phases beneath.
+    r = await client.get(f"{accepted['location']}/trace", headers=tenant.auth(tenant.user))
+    assert r.status_code == 200, r.text
+    traced = r.json()
+    assert traced["taskId"] == task["id"] and len(traced["traceIds"]) == 1
+    root = traced["spans"][0]
+    assert root["name"] == "invoke_agent worker" and root["depth"] == 0
+    assert root["attributes"]["gen_ai.operation.name"] == "invoke_agent"
+    names = [s["name"] for s in traced["spans"]]
+    for name in ["step 0", "perceive", "decide", "execute_tool current_time", "learn", "step 1"]:
+        assert name in names, names
+    r = await client.get(
+        f"/api/orgs/{tenant.org}/tasks/{uuid.uuid4()}/trace", headers=tenant.auth(tenant.user)
+    )
+    assert r.status_code == 404
+
     # By the agent's name too; and the list shows both runs, newest first.
     r = await client.post(
         f"/api/orgs/{tenant.org}/tasks",
@@ -497,6 +513,17 @@ async def test_the_app_drives_runs_and_turns_through_session_actors(
                 await client.get(r.json()["location"], headers=t.auth(t.user), params={"wait": 30})
             ).json()
             assert task["status"] == "COMPLETED" and len(task["steps"]) == 2
+            # The actor's process kept the run's spans in the same database (its batch
+            # exporter writes every 0.5 s): the API reads them back.
+            spans: list[dict[str, Any]] = []
+            for _ in range(40):
+                traced = await client.get(f"{r.json()['location']}/trace", headers=t.auth(t.user))
+                spans = traced.json()["spans"]
+                if spans and spans[0]["name"].startswith("invoke_agent"):
+                    break
+                await asyncio.sleep(0.25)
+            assert spans[0]["name"] == "invoke_agent actor-worker", spans[:1]
+            assert any(s["name"] == "execute_tool current_time" for s in spans)
 
             chat = await create_agent(client, t, "actor-chat")
             session = (
@@ -688,6 +715,7 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
         ),
         "list_tasks": ("GET", f"{base}/tasks", {}),
         "get_task": ("GET", f"{base}/tasks/{{task_id}}", {}),
+        "get_task_trace": ("GET", f"{base}/tasks/{{task_id}}/trace", {}),
         "cancel_task": ("POST", f"{base}/tasks/{{task_id}}/cancel", {}),
         "create_session": ("POST", f"{base}/sessions", {"json": {"agentId": estate.chat["id"]}}),
         "get_session": ("GET", f"{base}/sessions/{{session_id}}", {}),

@@ -22,7 +22,16 @@ from uuid import UUID
 import jsonschema
 
 from cortex_ray._settings import Settings
-from cortex_ray._tracing import tracer
+from cortex_ray._tracing import (
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_TOOL_CALL_ARGUMENTS,
+    GEN_AI_TOOL_CALL_RESULT,
+    GEN_AI_TOOL_NAME,
+    GEN_AI_TOOL_TYPE,
+    Status,
+    StatusCode,
+    tracer,
+)
 from cortex_ray._types import (
     ActionType,
     Agent,
@@ -35,6 +44,7 @@ from cortex_ray._types import (
 )
 from cortex_ray.access import AccessControlService
 from cortex_ray.act._tools import Tool, ToolContext, ToolRegistry
+from cortex_ray.observability import captured
 from cortex_ray.storage import AuditEntry, Store
 
 __all__ = ["Dispatch", "InvocationContext", "ToolDispatcher", "ToolHook"]
@@ -165,12 +175,13 @@ class ToolDispatcher:
             call_key=ctx.idempotency_key,
         )
         with tracer.start_as_current_span(
-            "cortex.act",
+            f"execute_tool {tool_name}",
             attributes={
-                "cortex.tool": tool_name,
+                GEN_AI_OPERATION_NAME: "execute_tool",
+                GEN_AI_TOOL_NAME: tool_name,
+                GEN_AI_TOOL_TYPE: "function",
                 "cortex.action_type": action_type.value,
                 "cortex.mode": ctx.mode.value,
-                "cortex.org": ctx.agent.org_id,
             },
         ) as span:
             started = time.perf_counter()
@@ -200,6 +211,18 @@ class ToolDispatcher:
                 }
             )
             span.set_attribute("cortex.status", observation.status.value)
+            span.set_attribute("cortex.access", _access(observation.status, reason))
+            if observation.status is not ObservationStatus.OK:
+                span.set_status(Status(StatusCode.ERROR, observation.status.value))
+            tracing = self.settings.tracing
+            if tracing.capture_content and span.is_recording():
+                span.set_attribute(
+                    GEN_AI_TOOL_CALL_ARGUMENTS, captured(args, tracing.max_content_chars)
+                )
+                span.set_attribute(
+                    GEN_AI_TOOL_CALL_RESULT,
+                    captured(observation.output, tracing.max_content_chars),
+                )
         log.info(
             "dispatch tool=%s category=%s status=%s principal=%s run=%s step=%s %.1fms%s",
             tool_name,
@@ -340,3 +363,11 @@ class ToolDispatcher:
         for hook in self.hooks:
             obs = await hook.after(ctx, tool, obs)
         return obs, None
+
+
+def _access(status: ObservationStatus, reason: str | None) -> str:
+    """The gate's decision as a span reads it: ``denied`` (the grant or policy said no),
+    ``refused`` (an unknown tool, invalid arguments, a hook), ``allowed`` (the tool ran)."""
+    if status is ObservationStatus.REFUSED:
+        return "denied" if (reason or "").startswith("access denied") else "refused"
+    return "allowed"

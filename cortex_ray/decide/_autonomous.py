@@ -579,7 +579,7 @@ class AutonomousDriver:
         k = self.settings.candidates
         tools = wm.action_space + wm.hidden_tools  # a chosen tool may be a held, unshown one
         notes: list[str] = []
-        with tracer.start_as_current_span("cortex.decide.propose", attributes={"cortex.k": k}):
+        with tracer.start_as_current_span("propose", attributes={"cortex.k": k}):
             try:
                 candidates, remaining = await self._propose(
                     model, wm, self.composer.render_proposal(wm, k), k
@@ -629,7 +629,7 @@ class AutonomousDriver:
         choice = self.settings.evaluation == "choice"
         if len(selectable) > 1:
             with tracer.start_as_current_span(
-                "cortex.decide.evaluate", attributes={"cortex.evaluation": self.settings.evaluation}
+                "evaluate", attributes={"cortex.evaluation": self.settings.evaluation}
             ):
                 try:
                     if choice:

@@ -145,7 +145,7 @@ class Critic:
         if self.model is None:
             return Review(draft, "ok", "no critic model", self.independent)
         with tracer.start_as_current_span(
-            "cortex.decide.critic", attributes={"cortex.critic.independent": self.independent}
+            "critic", attributes={"cortex.critic.independent": self.independent}
         ):
             try:
                 said = await structured_call(

@@ -92,7 +92,7 @@ class InteractiveDriver:
                 for t in tools
             ),
         )
-        with tracer.start_as_current_span("cortex.decide.interactive"):
+        with tracer.start_as_current_span("propose"):
             response = await self.model.chat(request)
             names = [t.name for t in tools]
             found = placeholders(response.content or "", names) if not response.tool_calls else []

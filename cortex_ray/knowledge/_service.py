@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cortex_ray._exceptions import ConfigurationError, InvalidRequestError
+from cortex_ray._tracing import GEN_AI_DATA_SOURCE_ID, GEN_AI_OPERATION_NAME, tracer
 from cortex_ray.knowledge._bm25 import PLAIN, Analyzer
 from cortex_ray.knowledge._sql import (
     BM25_EXACT_SQL,
@@ -37,7 +38,7 @@ from cortex_ray.knowledge._sql import (
     vector_literal,
 )
 from cortex_ray.knowledge._types import Fusion, RetrievalConfig, SearchHit, SearchResult, Tier
-from cortex_ray.models import Embedder, Reranker
+from cortex_ray.models import Embedder, Reranker, embed
 from cortex_ray.storage import Conn, Database
 
 __all__ = ["KnowledgeService", "Publication", "citation", "fuse"]
@@ -376,6 +377,47 @@ class KnowledgeService:
             lazy: embed the vector-less passages of the best sections (bounded per query).
             track_usage: count the returned passages' hits (orders the backfill).
         """
+        names = [collection] if isinstance(collection, str) else list(collection or ["*"])
+        with tracer.start_as_current_span(
+            f"retrieval {','.join(names)}",
+            attributes={
+                GEN_AI_OPERATION_NAME: "retrieval",
+                GEN_AI_DATA_SOURCE_ID: ",".join(names),
+                "cortex.k": k,
+            },
+        ) as span:
+            result = await self._search(
+                org_id,
+                query,
+                collection=collection,
+                k=k,
+                fusion=fusion,
+                bm25_weight=bm25_weight,
+                tiers=tiers,
+                rerank=rerank,
+                lazy=lazy,
+                track_usage=track_usage,
+            )
+            span.set_attribute("cortex.hits", len(result.hits))
+            span.set_attribute("cortex.fusion", result.fusion.value)
+            span.set_attribute("cortex.reranker", result.reranker or "none")
+            span.set_attribute("cortex.tiers", [t.value for t in result.tiers])
+            return result
+
+    async def _search(
+        self,
+        org_id: str,
+        query: str,
+        *,
+        collection: str | Sequence[str] | None,
+        k: int,
+        fusion: Fusion | str | None,
+        bm25_weight: float | None,
+        tiers: Collection[Tier | str] | None,
+        rerank: bool,
+        lazy: bool,
+        track_usage: bool,
+    ) -> SearchResult:
         if not query.strip():
             raise InvalidRequestError("the query is empty")
         if not 1 <= k <= 100:
@@ -393,7 +435,7 @@ class KnowledgeService:
         vector: NDArray[np.float32] | None = None
         if dense_wanted and pub.generations:
             t0 = time.perf_counter()
-            vector = (await self.embedder.embed([query]))[0]
+            vector = (await embed(self.embedder, [query]))[0]
             timings["embed_query"] = _ms(t0)
 
         async def timed(name: str, coro: Any) -> Any:

@@ -89,7 +89,7 @@ class Learner:
         only while the lease is the driver's, else ``LeaseLost`` and nothing written."""
         observation = step.observation
         assert observation is not None
-        with tracer.start_as_current_span("cortex.learn"):
+        with tracer.start_as_current_span("learn"):
             prepared = await self._memory.prepare(
                 org_id=run.org_id,
                 agent_id=agent.id,

@@ -115,7 +115,7 @@ from cortex_ray.memory._recall import (
     scored_from_row,
     visibility,
 )
-from cortex_ray.models import Embedder, ModelClient, structured_call
+from cortex_ray.models import Embedder, ModelClient, embed, structured_call
 from cortex_ray.storage import Conn, Database
 
 __all__ = ["EMBEDDING_DIM", "MemoryService", "PreparedMemory", "importance_scorer_for"]
@@ -432,7 +432,7 @@ class MemoryService:
             records.append((record, key, rescore))
         if not records:
             return []
-        vectors = await self.embedder.embed([r.content for r, _, _ in records])
+        vectors = await embed(self.embedder, [r.content for r, _, _ in records])
         out = []
         for (record, key, rescore), vector in zip(records, vectors, strict=True):
             embedding = np.array(vector, dtype=np.float32)
@@ -625,7 +625,7 @@ class MemoryService:
         k = self.settings.recall_k if k is None else k
         if k <= 0:
             return []
-        embedding = (await self.embedder.embed([query]))[0]
+        embedding = (await embed(self.embedder, [query]))[0]
         visible, params = visibility(valid_at, known_at)
         statement = recall_statement(
             with_kinds=kinds is not None, visible=visible, without_run=exclude_run is not None

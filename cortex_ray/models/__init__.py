@@ -41,6 +41,8 @@ from cortex_ray.models.embeddings import (
     Embedder,
     HashEmbedder,
     SentenceTransformerEmbedder,
+    embed,
+    embedder_name,
     packaged_minilm_path,
 )
 from cortex_ray.models.reranking import NO_RERANKER_MODEL, CrossEncoderReranker, Reranker, RerankHit
@@ -75,6 +77,8 @@ __all__ = [
     "Usage",
     "backend_names",
     "check_model_request",
+    "embed",
+    "embedder_name",
     "is_local_model_url",
     "model_requests_allowed",
     "open_models",

@@ -16,8 +16,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+from cortex_ray._settings import TracingOptions
+from cortex_ray._tracing import (
+    GEN_AI_INPUT_MESSAGES,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_OUTPUT_MESSAGES,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+    SpanKind,
+    tracer,
+)
 from cortex_ray._types import ModelExchange, RecordedToolCall
 from cortex_ray.models._protocol import ChatRequest, ChatResponse, ModelClient
+from cortex_ray.observability import bound_messages, captured
 
 __all__ = ["RecordingModelClient", "exchange", "recording", "request_digest"]
 
@@ -72,10 +85,13 @@ def recording() -> Iterator[list[ModelExchange]]:
 
 
 class RecordingModelClient:
-    """A ``ModelClient`` that appends each call to the open ``recording()`` tape, if any."""
+    """A ``ModelClient`` that appends each call to the open ``recording()`` tape, if any,
+    and opens a ``chat {model}`` span for it (GenAI conventions: model, token usage, finish
+    reason; the messages themselves only with ``capture``, scrubbed and bounded)."""
 
-    def __init__(self, inner: ModelClient) -> None:
+    def __init__(self, inner: ModelClient, *, capture: TracingOptions | None = None) -> None:
         self.inner = inner
+        self._capture = capture if capture is not None and capture.capture_content else None
 
     @property
     def name(self) -> str:
@@ -87,10 +103,33 @@ class RecordingModelClient:
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         tape = _TAPE.get()
-        if tape is None:
-            return await self.inner.chat(request)
         started = time.perf_counter()
-        response = await self.inner.chat(request)
+        with tracer.start_as_current_span(
+            f"chat {self.inner.name}",
+            attributes={
+                GEN_AI_OPERATION_NAME: "chat",
+                GEN_AI_REQUEST_MODEL: self.inner.name,
+                "cortex.schema": request.schema_name if request.response_schema else "text",
+                "cortex.tools_offered": len(request.tools),
+            },
+            kind=SpanKind.CLIENT,
+        ) as span:
+            if self._capture is not None and span.is_recording():
+                limit = self._capture.max_content_chars
+                messages = bound_messages([m.to_openai() for m in request.messages], limit)
+                span.set_attribute(GEN_AI_INPUT_MESSAGES, json.dumps(messages))
+            response = await self.inner.chat(request)
+            span.set_attribute(GEN_AI_USAGE_INPUT_TOKENS, response.usage.prompt_tokens)
+            span.set_attribute(GEN_AI_USAGE_OUTPUT_TOKENS, response.usage.completion_tokens)
+            if response.finish_reason:
+                span.set_attribute(GEN_AI_RESPONSE_FINISH_REASONS, [response.finish_reason])
+            if self._capture is not None and span.is_recording():
+                out = response.content or json.dumps([c.model_dump() for c in response.tool_calls])
+                span.set_attribute(
+                    GEN_AI_OUTPUT_MESSAGES, captured(out, self._capture.max_content_chars)
+                )
+        if tape is None:
+            return response
         took = (time.perf_counter() - started) * 1000
         tape.append(
             exchange(

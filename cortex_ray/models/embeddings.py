@@ -19,8 +19,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cortex_ray._exceptions import ConfigurationError
+from cortex_ray._tracing import GEN_AI_OPERATION_NAME, GEN_AI_REQUEST_MODEL, SpanKind, tracer
 
-__all__ = ["Embedder", "HashEmbedder", "SentenceTransformerEmbedder", "packaged_minilm_path"]
+__all__ = [
+    "Embedder",
+    "HashEmbedder",
+    "SentenceTransformerEmbedder",
+    "embed",
+    "embedder_name",
+    "packaged_minilm_path",
+]
 
 
 @runtime_checkable
@@ -31,6 +39,27 @@ class Embedder(Protocol):
     def dim(self) -> int: ...
 
     async def embed(self, texts: list[str]) -> NDArray[np.float32]: ...
+
+
+def embedder_name(embedder: Embedder) -> str:
+    """What spans call the embedder: its ``name`` if it has one, else its class."""
+    name = getattr(embedder, "name", None)
+    return name if isinstance(name, str) else type(embedder).__name__
+
+
+async def embed(embedder: Embedder, texts: list[str]) -> NDArray[np.float32]:
+    """``embedder.embed(texts)`` inside an ``embeddings {model}`` span (GenAI conventions)."""
+    name = embedder_name(embedder)
+    with tracer.start_as_current_span(
+        f"embeddings {name}",
+        attributes={
+            GEN_AI_OPERATION_NAME: "embeddings",
+            GEN_AI_REQUEST_MODEL: name,
+            "cortex.inputs": len(texts),
+        },
+        kind=SpanKind.CLIENT,
+    ):
+        return await embedder.embed(texts)
 
 
 def packaged_minilm_path() -> Path:

@@ -71,7 +71,7 @@ class WorkingMemoryAssembler:
         run_id: UUID | None = None,
     ) -> WorkingMemory:
         with tracer.start_as_current_span(
-            "cortex.perceive", attributes={"cortex.mode": mode.value, "cortex.step": step_index}
+            "perceive", attributes={"cortex.mode": mode.value, "cortex.step": step_index}
         ):
             query = self.recall_query(objective, observations, conversation)
             snapshot = await self.memory.snapshot(

@@ -39,6 +39,7 @@ from cortex_ray._types import (
     Turn,
     utcnow,
 )
+from cortex_ray.observability import scrub, scrub_text
 from cortex_ray.storage._database import Conn, Database
 
 __all__ = ["AuditEntry", "Store"]
@@ -158,10 +159,12 @@ def _audit_params(entry: AuditEntry) -> tuple[Any, ...]:
         entry.tool,
         entry.action_type.value,
         entry.status,
-        entry.reason,
-        # Encoded once, as text (``default=str``: any value an argument may hold); decoding
-        # it again only for Jsonb to encode it a second time cost a second pass.
-        json.dumps(entry.args, default=str),
+        scrub_text(entry.reason) if entry.reason else entry.reason,
+        # Scrubbed (the one scrubber spans and diagnostics use: a credential in a tool's
+        # arguments never reaches the audit log), then encoded once, as text
+        # (``default=str``: any value an argument may hold); decoding it again only for
+        # Jsonb to encode it a second time cost a second pass.
+        json.dumps(scrub(entry.args), default=str),
         entry.duration_ms,
         entry.run_id,
         entry.step_index,
@@ -771,5 +774,22 @@ class Store:
                 ORDER BY id
                 """,
                 (org_id, run_id, run_id, gate_only),
+            )
+            return list(await cur.fetchall())
+
+    async def trace_spans(self, org_id: str, run_id: UUID) -> list[dict[str, Any]]:
+        """Every locally kept span of the traces in which the organisation's run appears
+        (its attempts: a span naming the run's organisation and id marks each trace), in
+        start order."""
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                SELECT * FROM trace_spans
+                WHERE trace_id IN (
+                    SELECT trace_id FROM trace_spans WHERE org_id = %s AND run_id = %s
+                )
+                ORDER BY start_time, span_id
+                """,
+                (org_id, run_id),
             )
             return list(await cur.fetchall())

@@ -1,0 +1,200 @@
+"""One trace per run, kept locally when no collector is set: the span tree of a real run on
+PostgreSQL (scripted model as the test double), GenAI names and attributes, the access
+decision on tool spans, content capture off by default and scrubbed when on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from cortex_ray import AgentMode, Grant, ObservationStatus, RunStatus, Runtime, Settings
+from cortex_ray._tracing import activate_provider, active_provider, deactivate_provider
+from cortex_ray.act import InvocationContext
+from cortex_ray.memory import HeuristicImportanceScorer
+from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient
+from cortex_ray.observability import RunTrace, TraceSpan, waterfall
+from cortex_ray.storage import Database
+
+SECRET = "ghp_" + "Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2Rr1Qq0Pp9Oo8"
+
+
+def plan(steps: list[dict[str, Any]]) -> Callable[[ChatRequest], str]:
+    state = {"step": -1}
+
+    def respond(request: ChatRequest) -> str:
+        assert request.schema_name == "proposals", request.schema_name
+        state["step"] += 1
+        return json.dumps({"candidates": [steps[min(state["step"], len(steps) - 1)]]})
+
+    return respond
+
+
+@pytest.fixture
+async def open_runtime(db: Database, settings: Settings) -> AsyncIterator[Callable[..., Any]]:
+    opened: list[Runtime] = []
+
+    async def make(model: Any, **tracing: Any) -> Runtime:
+        update: dict[str, Any] = {"embedding_backend": "hash", "candidates": 1}
+        if tracing:
+            update["tracing"] = settings.tracing.model_copy(update=tracing)
+        runtime = await Runtime.open(
+            settings.model_copy(update=update),
+            model=model,
+            embedder=HashEmbedder(384),
+            importance=HeuristicImportanceScorer(),
+            db=db,
+        )
+        opened.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in opened:
+        await runtime.close(close_db=False)
+    assert active_provider() is None  # closed runtimes leave no provider behind
+
+
+def by_name(trace: RunTrace, prefix: str) -> list[TraceSpan]:
+    return [s for s in trace.spans if s.name.startswith(prefix)]
+
+
+def parent(trace: RunTrace, span: TraceSpan) -> TraceSpan:
+    return next(s for s in trace.spans if s.span_id == span.parent_span_id)
+
+
+async def test_a_run_is_one_connected_tree_of_genai_spans(open_runtime, org: str) -> None:
+    model = ScriptedModelClient(
+        responder=plan(
+            [
+                {"tool": "current_time", "args": {}, "rationale": "need the time"},
+                {"finish": True, "message": "It is late.", "rationale": "done"},
+            ]
+        )
+    )
+    runtime = await open_runtime(model)
+    assert runtime.tracing is not None and runtime.tracing.sinks == ("local",)
+    agent = await runtime.create_agent(org, "clock", mode=AgentMode.AUTONOMOUS)
+    run = await runtime.run_autonomous(org, agent.id, "what time is it", max_steps=4)
+    assert run.status is RunStatus.COMPLETED
+
+    trace = await runtime.run_trace(org, run.id)
+    assert len(trace.trace_ids) == 1 and trace.spans
+    (root,) = [s for s in trace.spans if s.depth == 0]
+    assert root.name == "invoke_agent clock" and root.status != "ERROR"
+    assert root.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert root.attributes["gen_ai.agent.id"] == str(agent.id)
+    assert root.attributes["cortex.run_id"] == str(run.id)
+    assert root.attributes["cortex.status"] == "COMPLETED"
+    ids = {s.span_id for s in trace.spans}
+    assert all(s.parent_span_id in ids for s in trace.spans if s is not root)  # connected
+
+    steps = by_name(trace, "step ")
+    assert [s.name for s in steps] == ["step 0", "step 1"]
+    assert all(parent(trace, s) == root for s in steps)
+    phases = [s.name for s in trace.spans if s.parent_span_id == steps[0].span_id]
+    assert phases == ["perceive", "decide", "execute_tool current_time", "learn"]
+    (tool,) = by_name(trace, "execute_tool")
+    assert tool.attributes["gen_ai.tool.name"] == "current_time"
+    assert tool.attributes["cortex.action_type"] == "GROUNDING"
+    assert tool.attributes["cortex.access"] == "allowed"
+    chats = by_name(trace, "chat ")
+    assert len(chats) == 2  # one proposal call per step (K=1)
+    for chat in chats:
+        assert parent(trace, parent(trace, chat)).name == "decide"  # decide > propose > chat
+        assert chat.kind == "CLIENT" and chat.attributes["gen_ai.operation.name"] == "chat"
+        assert chat.attributes["gen_ai.request.model"] == model.name
+        assert "gen_ai.input.messages" not in chat.attributes  # capture is off by default
+    assert by_name(trace, "embeddings ")  # the memory read of PERCEIVE, the writes of LEARN
+
+    lines = waterfall(trace)
+    assert len(lines) == len(trace.spans)
+    assert lines[0].startswith("invoke_agent clock") and "execute_tool current_time" in "".join(
+        lines
+    )
+    assert any("[GROUNDING, allowed]" in line for line in lines)
+
+
+async def test_a_failed_run_and_a_denied_tool_are_errors_in_the_trace(
+    open_runtime, org: str
+) -> None:
+    # The planner offers only granted tools, so a model naming another fails the run ...
+    model = ScriptedModelClient(
+        responder=plan([{"tool": "remember_fact", "args": {"subject": "s", "fact": "f"}}])
+    )
+    runtime = await open_runtime(model)
+    agent = await runtime.create_agent(
+        org,
+        "denied",
+        mode=AgentMode.AUTONOMOUS,
+        tools=["remember_fact", "current_time"],
+        grant=Grant(tools=frozenset({"current_time"})),
+    )
+    run = await runtime.run_autonomous(org, agent.id, "remember something", max_steps=2)
+    assert run.status is RunStatus.FAILED
+    trace = await runtime.run_trace(org, run.id)
+    root = trace.spans[0]
+    assert root.status == "ERROR" and root.attributes["cortex.status"] == "FAILED"
+    assert root.status_message and "remember" not in root.name
+    # ... and the gate itself, asked for it anyway, denies it: the span says so.
+    memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
+    exporter = memory.InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    activate_provider(provider)
+    try:
+        ctx = InvocationContext(agent=agent, caller=None, mode=AgentMode.AUTONOMOUS)
+        obs = await runtime.dispatcher.invoke(ctx, "remember_fact", {"subject": "s", "fact": "f"})
+        await runtime.dispatcher.invoke(ctx, "no_such_tool", {})
+    finally:
+        deactivate_provider(provider)
+    assert obs.status is ObservationStatus.REFUSED
+    denied, unknown = exporter.get_finished_spans()
+    assert denied.name == "execute_tool remember_fact"
+    assert denied.attributes["cortex.access"] == "denied"
+    assert denied.status.status_code.name == "ERROR"
+    assert unknown.attributes["cortex.access"] == "refused"  # not the grant: the tool is unknown
+
+
+async def test_content_is_captured_only_when_asked_and_then_scrubbed(
+    open_runtime, org: str
+) -> None:
+    model = ScriptedModelClient(
+        responder=plan(
+            [
+                {
+                    "tool": "remember_fact",
+                    "args": {"subject": "deploy key", "fact": f"the token is {SECRET}"},
+                },
+                {"finish": True, "message": "kept", "rationale": "done"},
+            ]
+        )
+    )
+    runtime = await open_runtime(model, capture_content=True, max_content_chars=256)
+    agent = await runtime.create_agent(
+        org, "keeper", mode=AgentMode.AUTONOMOUS, tools=["remember_fact"]
+    )
+    run = await runtime.run_autonomous(org, agent.id, f"remember that {SECRET}", max_steps=3)
+    assert run.status is RunStatus.COMPLETED
+    trace = await runtime.run_trace(org, run.id)
+    (tool,) = by_name(trace, "execute_tool remember_fact")
+    args = tool.attributes["gen_ai.tool.call.arguments"]
+    assert "[REDACTED]" in args and SECRET not in args and "deploy key" in args
+    chat = by_name(trace, "chat ")[0]
+    sent = chat.attributes["gen_ai.input.messages"]
+    assert SECRET not in sent and len(sent) <= 256 + 64  # bounded (JSON of bounded messages)
+    everything = json.dumps([s.attributes for s in trace.spans])
+    assert SECRET not in everything
+
+
+async def test_an_unknown_run_has_no_trace(open_runtime, org: str) -> None:
+    from uuid import uuid4
+
+    from cortex_ray import NotFoundError
+
+    runtime = await open_runtime(None)
+    with pytest.raises(NotFoundError):
+        await runtime.run_trace(org, uuid4())
