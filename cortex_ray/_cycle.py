@@ -38,6 +38,8 @@ from cortex_ray._tracing import (
     GEN_AI_AGENT_NAME,
     GEN_AI_CONVERSATION_ID,
     GEN_AI_OPERATION_NAME,
+    attempt_link,
+    context_of,
     end_run_span,
     tracer,
 )
@@ -294,7 +296,12 @@ class DecisionCycle:
                 "cortex.mode": "autonomous",
                 "cortex.resumed_at_step": len(steps),
             },
+            context=context_of(run.trace_parent),  # one trace for every attempt
+            links=attempt_link(run.trace_parent, run.trace_attempt),
         ) as span:
+            if run.trace_parent is not None and span.is_recording():
+                attempt = format(span.get_span_context().span_id, "016x")
+                await self.store.set_trace_attempt(run.org_id, run.id, attempt)
             for step_index in range(len(steps), run.max_steps):
                 step, final = await self._autonomous_step(
                     agent, run, lease, step_index, observations, on_step

@@ -51,6 +51,7 @@ from cortex_ray._exceptions import (
     UnavailableError,
 )
 from cortex_ray._settings import Settings, load_settings
+from cortex_ray._tracing import current_traceparent
 from cortex_ray._types import (
     Agent,
     AgentChanges,
@@ -657,6 +658,8 @@ class Runtime:
             caller_id=caller_id,
             requested_by=caller.id,
             contact_context=contact_context or None,
+            # every attempt's spans go under this (the hop to the actor is the run's row)
+            trace_parent=current_traceparent(),
         )
         # The submission's OK row goes in the run's own transaction: one round trip of
         # statements instead of a second transaction, and never a run without its row.

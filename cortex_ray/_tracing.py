@@ -22,11 +22,13 @@ current span lives in the context, whichever provider made it.
 
 from __future__ import annotations
 
+import random
 import threading
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
     GEN_AI_AGENT_ID,
     GEN_AI_AGENT_NAME,
@@ -46,7 +48,8 @@ from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
     GEN_AI_USAGE_INPUT_TOKENS,
     GEN_AI_USAGE_OUTPUT_TOKENS,
 )
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import Attributes
 
 if TYPE_CHECKING:
@@ -71,11 +74,17 @@ __all__ = [
     "GEN_AI_USAGE_INPUT_TOKENS",
     "GEN_AI_USAGE_OUTPUT_TOKENS",
     "SEMCONV_VERSION",
+    "TRACE_CONTEXT",
+    "Link",
+    "SpanContext",
     "SpanKind",
     "Status",
     "StatusCode",
     "activate_provider",
     "active_provider",
+    "attempt_link",
+    "context_of",
+    "current_traceparent",
     "deactivate_provider",
     "end_run_span",
     "tracer",
@@ -154,6 +163,47 @@ class _CycleTracer:
 
 
 tracer = _CycleTracer()
+
+
+TRACE_CONTEXT = TraceContextTextMapPropagator()
+"""W3C Trace Context (``traceparent``/``tracestate``): what crosses process boundaries."""
+
+
+def current_traceparent() -> str | None:
+    """The W3C ``traceparent`` a new run should belong to: the current span's (an HTTP
+    request, a caller's own span), else a fresh one standing for the run; ``None`` when
+    nothing records spans (no cost, nothing stored)."""
+    if active_provider() is None:
+        return None
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        ctx = SpanContext(
+            trace_id=random.getrandbits(128) or 1,
+            span_id=random.getrandbits(64) or 1,
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def context_of(traceparent: str | None) -> Context | None:
+    """The context a stored ``traceparent`` stands for (``None``: start a new trace)."""
+    if not traceparent:
+        return None
+    return TRACE_CONTEXT.extract({"traceparent": traceparent})
+
+
+def attempt_link(traceparent: str | None, attempt_span_id: str | None) -> list[Link]:
+    """A link to the run's previous attempt (same trace), if there was one."""
+    if not traceparent or not attempt_span_id:
+        return []
+    parts = traceparent.split("-")
+    try:
+        trace_id, span_id = int(parts[1], 16), int(attempt_span_id, 16)
+    except (IndexError, ValueError):
+        return []
+    previous = SpanContext(trace_id=trace_id, span_id=span_id, is_remote=True)
+    return [Link(previous, {"cortex.link": "previous attempt"})]
 
 
 def end_run_span(span: trace.Span, run: TaskRun) -> None:

@@ -452,6 +452,12 @@ class TaskRun(_Model):
     steps: tuple[Step, ...] = ()
     created_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
+    trace_parent: str | None = Field(
+        default=None, description="W3C traceparent every attempt's trace continues"
+    )
+    trace_attempt: str | None = Field(
+        default=None, description="span id of the latest attempt's invoke_agent span"
+    )
 
     def objective(self) -> str:
         """What the agent works towards: the goal, and the contact context when there is one."""

@@ -316,9 +316,13 @@ async def test_task_runs_to_completion_with_its_step_log(
     client: httpx2.AsyncClient, tenant: Tenant
 ) -> None:
     worker = await create_agent(client, tenant, "worker", "AUTONOMOUS")
+    caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
     r = await client.post(
         f"/api/orgs/{tenant.org}/tasks",
-        headers=tenant.auth(tenant.user),
+        headers={
+            **tenant.auth(tenant.user),
+            "traceparent": f"00-{caller_trace}-00f067aa0ba902b7-01",  # W3C's own example
+        },
         json={
             "name": "clock",
             "agentId": worker["id"],
@@ -370,9 +374,14 @@ async def test_task_runs_to_completion_with_its_step_log(
     r = await client.get(f"{accepted['location']}/trace", headers=tenant.auth(tenant.user))
     assert r.status_code == 200, r.text
     traced = r.json()
-    assert traced["taskId"] == task["id"] and len(traced["traceIds"]) == 1
-    root = traced["spans"][0]
-    assert root["name"] == "invoke_agent worker" and root["depth"] == 0
+    # The caller's trace: its traceparent → the request's span → the run's spans.
+    assert traced["taskId"] == task["id"] and traced["traceIds"] == [caller_trace]
+    request, root = traced["spans"][0], traced["spans"][1]
+    assert request["name"] == "POST /api/orgs/{org}/tasks" and request["kind"] == "SERVER"
+    assert request["parentSpanId"] == "00f067aa0ba902b7"  # the caller's span
+    assert request["attributes"]["http.response.status_code"] == 202
+    assert root["name"] == "invoke_agent worker" and root["depth"] == 1
+    assert root["parentSpanId"] == request["spanId"]
     assert root["attributes"]["gen_ai.operation.name"] == "invoke_agent"
     names = [s["name"] for s in traced["spans"]]
     for name in ["step 0", "perceive", "decide", "execute_tool current_time", "learn", "step 1"]:
@@ -514,16 +523,20 @@ async def test_the_app_drives_runs_and_turns_through_session_actors(
             ).json()
             assert task["status"] == "COMPLETED" and len(task["steps"]) == 2
             # The actor's process kept the run's spans in the same database (its batch
-            # exporter writes every 0.5 s): the API reads them back.
+            # exporter writes every 0.5 s), under the API request's span: the trace crossed
+            # the hop to the actor through the run's row.
             spans: list[dict[str, Any]] = []
             for _ in range(40):
                 traced = await client.get(f"{r.json()['location']}/trace", headers=t.auth(t.user))
                 spans = traced.json()["spans"]
-                if spans and spans[0]["name"].startswith("invoke_agent"):
+                if any(s["name"] == "execute_tool current_time" for s in spans):
                     break
                 await asyncio.sleep(0.25)
-            assert spans[0]["name"] == "invoke_agent actor-worker", spans[:1]
-            assert any(s["name"] == "execute_tool current_time" for s in spans)
+            request, run_root = spans[0], spans[1]
+            assert request["name"] == "POST /api/orgs/{org}/tasks", spans[:2]
+            assert run_root["name"] == "invoke_agent actor-worker"
+            assert run_root["parentSpanId"] == request["spanId"]  # made in the actor
+            assert {s["traceId"] for s in spans} == {request["traceId"]}
 
             chat = await create_agent(client, t, "actor-chat")
             session = (

@@ -12,8 +12,9 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+import cortex_ray._tracing
 from cortex_ray import AgentMode, Grant, ObservationStatus, RunStatus, Runtime, Settings
-from cortex_ray._tracing import activate_provider, active_provider, deactivate_provider
+from cortex_ray._tracing import activate_provider, deactivate_provider, tracer
 from cortex_ray.act import InvocationContext
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient
@@ -53,9 +54,10 @@ async def open_runtime(db: Database, settings: Settings) -> AsyncIterator[Callab
         return runtime
 
     yield make
+    providers = [rt.tracing.provider for rt in opened if rt.tracing is not None]
     for runtime in opened:
         await runtime.close(close_db=False)
-    assert active_provider() is None  # closed runtimes leave no provider behind
+    assert not set(map(id, providers)) & set(map(id, cortex_ray._tracing._active))  # released
 
 
 def by_name(trace: RunTrace, prefix: str) -> list[TraceSpan]:
@@ -198,3 +200,55 @@ async def test_an_unknown_run_has_no_trace(open_runtime, org: str) -> None:
     runtime = await open_runtime(None)
     with pytest.raises(NotFoundError):
         await runtime.run_trace(org, uuid4())
+
+
+async def test_a_resumed_run_continues_its_trace_and_links_the_crashed_attempt(
+    open_runtime, org: str
+) -> None:
+    model = ScriptedModelClient(
+        responder=plan(
+            [
+                {"tool": "current_time", "args": {}, "rationale": "need the time"},
+                {"finish": True, "message": "It is late.", "rationale": "done"},
+            ]
+        )
+    )
+    runtime = await open_runtime(model)
+    agent = await runtime.create_agent(org, "phoenix", mode=AgentMode.AUTONOMOUS)
+    run = await runtime.start_run(org, agent.id, "what time is it", max_steps=4)
+    assert run.trace_parent is not None  # a fresh context stands for the run
+
+    def crash(step: Any) -> None:
+        raise RuntimeError("process died")
+
+    with pytest.raises(RuntimeError):
+        await runtime.drive_run(org, run.id, on_step=crash)
+    assert (await runtime.drive_run(org, run.id)).status is RunStatus.COMPLETED
+
+    trace = await runtime.run_trace(org, run.id)
+    assert trace.trace_ids == [run.trace_parent.split("-")[1]]  # one trace, the run's
+    first, second = by_name(trace, "invoke_agent phoenix")
+    assert first.status == "ERROR" and second.attributes["cortex.status"] == "COMPLETED"
+    assert second.attributes["cortex.resumed_at_step"] == 1
+    (link,) = second.links
+    assert link["span_id"] == first.span_id and link["trace_id"] == first.trace_id
+    assert [s.name for s in by_name(trace, "step ")] == ["step 0", "step 1"]  # not redone
+
+
+async def test_a_run_started_inside_a_callers_span_joins_its_trace(open_runtime, org: str) -> None:
+    model = ScriptedModelClient(
+        responder=plan([{"finish": True, "message": "done", "rationale": "nothing to do"}])
+    )
+    runtime = await open_runtime(model)
+    agent = await runtime.create_agent(org, "joiner", mode=AgentMode.AUTONOMOUS)
+    with tracer.start_as_current_span("caller") as caller:
+        run = await runtime.start_run(org, agent.id, "nothing", max_steps=2)
+    ctx = caller.get_span_context()
+    assert (
+        run.trace_parent == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+    )
+    await runtime.drive_run(org, run.id)
+    trace = await runtime.run_trace(org, run.id)
+    names = {s.name: s for s in trace.spans}
+    assert names["invoke_agent joiner"].parent_span_id == format(ctx.span_id, "016x")
+    assert names["caller"].depth == 0 and names["invoke_agent joiner"].depth == 1

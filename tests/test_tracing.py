@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 from opentelemetry import trace
 
+import cortex_ray._tracing
 from cortex_ray._tracing import tracer
+
+
+@pytest.fixture(autouse=True)
+def _no_runtime_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a process with no runtime open: a runtime another test left open (its
+    provider still active) must not decide what these see."""
+    monkeypatch.setattr(cortex_ray._tracing, "_active", [])
 
 
 def test_without_a_provider_the_current_span_is_left_as_it_is() -> None:

@@ -2,6 +2,7 @@
 back), and the secret scrubber and bounded content capture that spans, diagnostics and
 audit records share."""
 
+from cortex_ray._tracing import TRACE_CONTEXT, tracer
 from cortex_ray.observability._capture import bound_messages, bound_text, captured
 from cortex_ray.observability._scrub import REDACTED, is_secret_key, scrub, scrub_text
 from cortex_ray.observability._tracing import PostgresSpanExporter, Tracing, otlp_endpoint
@@ -9,6 +10,7 @@ from cortex_ray.observability._view import RunTrace, TraceSpan, waterfall
 
 __all__ = [
     "REDACTED",
+    "TRACE_CONTEXT",
     "PostgresSpanExporter",
     "RunTrace",
     "TraceSpan",
@@ -20,5 +22,6 @@ __all__ = [
     "otlp_endpoint",
     "scrub",
     "scrub_text",
+    "tracer",
     "waterfall",
 ]

@@ -129,13 +129,15 @@ def _run(row: dict[str, Any], steps: Sequence[Step] = ()) -> TaskRun:
         steps=tuple(steps),
         created_at=row["created_at"],
         finished_at=row["finished_at"],
+        trace_parent=row.get("trace_parent"),
+        trace_attempt=row.get("trace_attempt"),
     )
 
 
 _INSERT_RUN = """
 INSERT INTO task_runs (org_id, id, agent_id, name, goal, status, max_steps, caller_id,
-                       requested_by, contact_context, created_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                       requested_by, contact_context, created_at, trace_parent)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 # ``args`` goes as JSON text (see ``_audit_params``).
@@ -390,6 +392,7 @@ class Store:
             run.requested_by,
             None if run.contact_context is None else Jsonb(run.contact_context),
             run.created_at,
+            run.trace_parent,
         )
         async with self.db.connection() as conn:
             if audit is None:
@@ -776,6 +779,14 @@ class Store:
                 (org_id, run_id, run_id, gate_only),
             )
             return list(await cur.fetchall())
+
+    async def set_trace_attempt(self, org_id: str, run_id: UUID, span_id: str) -> None:
+        """Remember the span id of the attempt now driving the run (the next links to it)."""
+        async with self.db.connection() as conn:
+            await conn.execute(
+                "UPDATE task_runs SET trace_attempt = %s WHERE org_id = %s AND id = %s",
+                (span_id, org_id, run_id),
+            )
 
     async def trace_spans(self, org_id: str, run_id: UUID) -> list[dict[str, Any]]:
         """Every locally kept span of the traces in which the organisation's run appears

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from cortex_ray._exceptions import ModelError
+from cortex_ray import ModelError
 from cortex_ray.models.reranking import CrossEncoderReranker, RerankHit
 from serve.models._config import RerankerConfig
 from serve.models._openai import Failure
