@@ -144,6 +144,10 @@ class LlamaYesNoReranker:
     ) -> list[RerankHit]:
         return await asyncio.to_thread(self._rerank, query, documents, top_n)
 
+    def close(self) -> None:
+        with self._lock:
+            self._llm.close()
+
 
 def _bootstrap(diff: np.ndarray, seed: int = 0) -> tuple[float, float]:
     rng = np.random.default_rng(seed)
@@ -242,6 +246,9 @@ async def run(args: argparse.Namespace) -> None:
                 )
         finally:
             await db.close()
+            for r in rerankers:
+                if isinstance(r, LlamaYesNoReranker):
+                    r.close()
 
 
 def main() -> None:

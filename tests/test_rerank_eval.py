@@ -48,8 +48,10 @@ async def test_prefix_reuse_scores_as_a_fresh_model_does(model_path: Path) -> No
     for i, doc in enumerate(DOCS):  # each pair alone, on a model that saw nothing before
         fresh = rerank_eval.LlamaYesNoReranker(model_path, threads=1)
         (alone,) = await fresh.rerank("what keeps state in ray", [doc])
+        fresh.close()
         assert alone.score == pytest.approx(by_index[i], abs=1e-3)
     assert len(await warm.rerank("q", DOCS, top_n=2)) == 2
+    warm.close()
 
 
 async def test_it_reranks_knowledge_search_through_the_core(
@@ -68,3 +70,4 @@ async def test_it_reranks_knowledge_search_through_the_core(
     scores = [h.rerank_score for h in result.hits]
     assert None not in scores and scores == sorted(scores, reverse=True)  # type: ignore[type-var]
     assert reranker.pairs == len(result.hits)
+    reranker.close()
