@@ -302,6 +302,7 @@ class DecisionCycle:
             if run.trace_parent is not None and span.is_recording():
                 attempt = format(span.get_span_context().span_id, "016x")
                 await self.store.set_trace_attempt(run.org_id, run.id, attempt)
+                run = run.model_copy(update={"trace_attempt": attempt})  # as stored
             for step_index in range(len(steps), run.max_steps):
                 step, final = await self._autonomous_step(
                     agent, run, lease, step_index, observations, on_step
