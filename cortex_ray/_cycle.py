@@ -502,6 +502,8 @@ class DecisionCycle:
                 "cortex.session_id": str(session.id),
                 "cortex.mode": "interactive",
             },
+            # the request's trace, wherever the turn is driven (a session actor, a recovery)
+            context=context_of(lease.turn.trace_parent if lease is not None else None),
         ):
             for round_index in range(self.settings.max_tool_rounds + 1):
                 # The last round may only reply: the bound on tool rounds.

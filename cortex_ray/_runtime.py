@@ -1065,6 +1065,30 @@ class Runtime:
             return turn
         return await self.wait_turn(org_id, session_id, turn_id, wait_s)
 
+    async def turn_trace(
+        self,
+        org_id: str,
+        session_id: UUID,
+        turn_id: UUID,
+        *,
+        principal: Principal | None = None,
+    ) -> RunTrace:
+        """The locally kept trace a turn belongs to (the request's it was accepted in, with
+        the turn's ``invoke_agent`` tree wherever it was driven), as reading the session.
+        Empty for a turn accepted without tracing, or when spans go only to a collector.
+
+        Raises:
+            NotFoundError: No such session or turn in the organisation.
+        """
+        await self._session_for(principal, UseCase.SESSIONS_READ, org_id, session_id)
+        turn = await self.turns.get(org_id, session_id, turn_id)
+        parts = (turn.trace_parent or "").split("-")
+        if len(parts) < 2:
+            return RunTrace.of(turn_id, [])
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.flush)
+        return RunTrace.of(turn_id, await self.store.spans_of_trace(org_id, parts[1]))
+
     async def authorize_turn(self, org_id: str, session_id: UUID, principal: Principal) -> Session:
         """Admit a message: only the session's own caller, only while it is open
         (``ConflictError`` once it ended). The turn itself runs in an executor."""

@@ -87,6 +87,9 @@ __all__ = [
     "current_traceparent",
     "deactivate_provider",
     "end_run_span",
+    "outgoing_traceparent",
+    "server_span",
+    "start_child_span",
     "tracer",
 ]
 
@@ -184,6 +187,45 @@ def current_traceparent() -> str | None:
             trace_flags=TraceFlags(TraceFlags.SAMPLED),
         )
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def outgoing_traceparent() -> str | None:
+    """The ``traceparent`` to hand a call into another process (a Serve handle call, a Ray
+    task): the current span's, when one records and is sampled; ``None`` otherwise, and the
+    callee then records nothing for it."""
+    if active_provider() is None:
+        return None
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid or not ctx.trace_flags.sampled:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def server_span(
+    name: str, traceparent: str | None, attributes: Attributes = None
+) -> AbstractContextManager[trace.Span]:
+    """The callee's side of :func:`outgoing_traceparent`: a SERVER span under the caller's
+    span (a model deployment's ``chat {model}``, an ingestion task's batch), or nothing when
+    the caller sent no context or this process records no spans."""
+    if not traceparent or active_provider() is None:
+        return nullcontext(trace.INVALID_SPAN)
+    return tracer.start_as_current_span(
+        name, attributes, kind=trace.SpanKind.SERVER, context=context_of(traceparent)
+    )
+
+
+def start_child_span(
+    name: str, traceparent: str | None, attributes: Attributes = None
+) -> trace.Span:
+    """:func:`server_span` for work that is not one call (a generator that yields blocks, a
+    Ray Data read task): started, not made current; the caller ends it. ``INVALID_SPAN``
+    (ending it is a no-op) without context or provider."""
+    provider = active_provider()
+    if not traceparent or provider is None:
+        return trace.INVALID_SPAN
+    return provider.get_tracer("cortex_ray").start_span(
+        name, context_of(traceparent), kind=trace.SpanKind.SERVER, attributes=attributes
+    )
 
 
 def context_of(traceparent: str | None) -> Context | None:

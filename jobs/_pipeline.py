@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from opentelemetry.trace import Status, StatusCode
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
@@ -58,6 +59,8 @@ from cortex_ray.knowledge import (
     read_chunks,
     scan_file,
 )
+from cortex_ray.observability import server_span, start_child_span
+from jobs._spans import task_tracing
 
 __all__ = [
     "ROW_SCHEMA",
@@ -107,6 +110,7 @@ class IngestOptions:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     write_batch: int = 2000  # passages (or sections) per write call
     progress_bytes: int = 32 << 20  # a big file reports progress at least this often
+    traceparent: str | None = None  # the job's ``ingest`` span: each task's span joins it
 
 
 class _Rows:
@@ -482,7 +486,29 @@ class SourceFilesDatasource(Datasource):
 
 def _read_fn(unit: list[ListedFile], options: IngestOptions) -> Any:
     def read() -> Iterator[pa.Table]:
-        yield from ingest_unit(unit, options)
+        task_tracing(options.traceparent, options.dsn)
+        span = start_child_span(
+            "ingest unit",
+            options.traceparent,
+            {
+                "cortex.org_id": options.generation.org_id,
+                "cortex.collection": options.generation.collection,
+                "cortex.files": len(unit),
+                "cortex.bytes": sum(f.size for f in unit),
+            },
+        )
+        rows = 0
+        try:
+            for table in ingest_unit(unit, options):
+                rows += table.num_rows
+                yield table
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
+            raise
+        finally:
+            span.set_attribute("cortex.rows", rows)
+            span.end()
 
     return read
 
@@ -497,17 +523,31 @@ class SectionWriter:
     Rows that are not sections pass through unchanged.
     """
 
-    def __init__(self, dsn: str, generation: Generation) -> None:
+    def __init__(self, dsn: str, generation: Generation, traceparent: str | None = None) -> None:
         from cortex_ray.models import SentenceTransformerEmbedder
 
+        task_tracing(traceparent, dsn)
         self._embedder = SentenceTransformerEmbedder()
         self._writer = KnowledgeWriter(dsn)
         self._generation = generation
+        self._traceparent = traceparent
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         kinds = batch.column("kind").to_pylist()
         if "section" not in kinds:
             return batch
+        with server_span(
+            "embed sections",
+            self._traceparent,
+            {
+                "cortex.org_id": self._generation.org_id,
+                "cortex.collection": self._generation.collection,
+                "cortex.sections": kinds.count("section"),
+            },
+        ):
+            return self._write(batch, kinds)
+
+    def _write(self, batch: pa.Table, kinds: list[str]) -> pa.Table:
         data = batch.to_pydict()
         indices = [i for i, kind in enumerate(kinds) if kind == "section"]
         texts = [data["summary"][i] for i in indices]

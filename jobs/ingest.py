@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from collections import Counter
@@ -50,6 +51,7 @@ from cortex_ray.knowledge import (
     ListedFile,
     list_files,
 )
+from cortex_ray.observability import Tracing, context_of, outgoing_traceparent, tracer
 from cortex_ray.storage import EmbeddedPostgres, migrate
 from jobs._pipeline import (
     IngestOptions,
@@ -119,6 +121,7 @@ class IngestReport:
     failures: list[tuple[str, str]] = field(default_factory=list)  # (path, why), first 50
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds: list, pipeline, publish
+    trace_id: str | None = None  # the job's trace (its ``ingest`` span and every task's)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)
@@ -169,7 +172,61 @@ def run_ingest(
 
     ``dsn=None`` is a dry run: files are checked and split, nothing is written (no database).
     The defaults are those of ``Settings.ingest`` (the command line passes its values).
+
+    The job is one trace: an ``ingest {collection}`` span (under ``TRACEPARENT`` from the
+    environment, if set: a CI pipeline's or a scheduler's), with a span per read task and
+    per section batch beneath it (``jobs._spans``); its id is the report's ``trace_id``.
+    Spans go where the settings send them (``OTEL_EXPORTER_OTLP_*``, else the local span
+    store of this database), or nowhere when tracing is off.
     """
+    opened = None if tracer.recording or not dsn else Tracing.for_process(dsn)
+    try:
+        with tracer.start_as_current_span(
+            f"ingest {collection}",
+            attributes={"cortex.org_id": org, "cortex.collection": collection},
+            context=context_of(os.environ.get("TRACEPARENT")),
+        ) as span:
+            report = _ingest(
+                org,
+                collection,
+                paths,
+                dsn=dsn,
+                embed=embed,
+                on_progress=on_progress,
+                max_passage_bytes=max_passage_bytes,
+                max_line_bytes=max_line_bytes,
+                unit_bytes=unit_bytes,
+                show_ray_progress=show_ray_progress,
+                object_store_budget_bytes=object_store_budget_bytes,
+                traceparent=outgoing_traceparent(),
+            )
+            if span.get_span_context().is_valid:
+                report.trace_id = format(span.get_span_context().trace_id, "032x")
+                span.set_attribute("cortex.generation", report.generation)
+                span.set_attribute("cortex.files", report.files)
+                span.set_attribute("cortex.passages", report.passages)
+                span.set_attribute("cortex.failed", report.failed)
+            return report
+    finally:
+        if opened is not None:
+            opened.close()  # flushes the job's spans
+
+
+def _ingest(
+    org: str,
+    collection: str,
+    paths: Sequence[Path],
+    *,
+    dsn: str | None,
+    embed: bool,
+    on_progress: Callable[[Progress], None] | None,
+    max_passage_bytes: int,
+    max_line_bytes: int,
+    unit_bytes: int | None,
+    show_ray_progress: bool,
+    object_store_budget_bytes: int,
+    traceparent: str | None,
+) -> IngestReport:
     import ray
 
     missing = [str(p) for p in paths if not p.exists()]
@@ -195,6 +252,7 @@ def run_ingest(
             embed=embed,
             max_passage_bytes=max_passage_bytes,
             max_line_bytes=max_line_bytes,
+            traceparent=traceparent,
         )
         _configure_ray_data(show_ray_progress, object_store_budget_bytes)
         if unit_bytes is None:
@@ -209,7 +267,11 @@ def run_ingest(
         if embed and dsn:
             ds = ds.map_batches(
                 SectionWriter,
-                fn_constructor_kwargs={"dsn": dsn, "generation": generation},
+                fn_constructor_kwargs={
+                    "dsn": dsn,
+                    "generation": generation,
+                    "traceparent": traceparent,
+                },
                 batch_size=None,
                 batch_format="pyarrow",
                 concurrency=1,

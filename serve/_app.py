@@ -24,7 +24,6 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import AwareDatetime
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
@@ -52,7 +51,6 @@ from cortex_ray import (
 )
 from cortex_ray.evals import EvalRun, EvalSuite, EvalSuiteSummary, RunComparison
 from cortex_ray.knowledge import Fusion
-from cortex_ray.observability import TRACE_CONTEXT, tracer
 from cortex_ray.storage import TurnRecord, TurnStatus
 from serve._errors import ApiProblem, error_response, install_error_handlers, report
 from serve._schemas import (
@@ -103,12 +101,14 @@ from serve._schemas import (
     TurnStarted,
     TurnStatusBody,
     TurnToolCall,
+    TurnTrace,
     from_agent,
     from_eval_suite,
     from_observation,
     from_run,
     from_session,
 )
+from serve._tracing import TraceRequests
 
 __all__ = [
     "ApiOptions",
@@ -498,54 +498,11 @@ def create_app(
         # Usable at once, also by a client that does not run the ASGI lifespan.
         app.state.api = ApiState(runtime, executor or InProcessExecutor(runtime))
     install_error_handlers(app)
-    app.add_middleware(TraceRequests)
+    app.add_middleware(TraceRequests, prefix="/api/")
     app.include_router(_health_router())
     app.include_router(_me_router())
     app.include_router(_org_router())
     return app
-
-
-class TraceRequests:
-    """A SERVER span per ``/api`` request (``{method} {route}``, HTTP semantic conventions),
-    under the caller's W3C ``traceparent`` if it sent one: a run submitted in the request
-    stores that context, so the run's spans, wherever they are made, join the caller's
-    trace. Costs nothing when no tracer provider records."""
-
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or not str(scope.get("path", "")).startswith("/api/")
-            or not tracer.recording
-        ):
-            await self.app(scope, receive, send)
-            return
-        method = str(scope.get("method", "GET"))
-        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        answered: dict[str, int] = {}
-
-        async def sending(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                answered["status"] = int(message["status"])
-            await send(message)
-
-        with tracer.start_as_current_span(
-            f"{method} {scope['path']}",
-            attributes={"http.request.method": method, "url.path": str(scope["path"])},
-            kind=SpanKind.SERVER,
-            context=TRACE_CONTEXT.extract(carrier),
-        ) as span:
-            await self.app(scope, receive, sending)
-            route = scope.get("route")
-            if route is not None and hasattr(route, "path"):
-                span.update_name(f"{method} {route.path}")
-                span.set_attribute("http.route", route.path)
-            status = answered.get("status", 0)
-            span.set_attribute("http.response.status_code", status)
-            if status >= 500:
-                span.set_status(Status(StatusCode.ERROR, str(status)))
 
 
 def _health_router() -> APIRouter:
@@ -995,6 +952,22 @@ def _org_router() -> APIRouter:
             org, session_id, turn_id, principal=principal, wait_s=wait
         )
         return TurnStatusBody.of(turn)
+
+    @router.get(
+        "/sessions/{session_id}/turns/{turn_id}/trace",
+        response_model=TurnTrace,
+        tags=["sessions"],
+        responses={403: {"model": ApiError, "description": "another caller's session"}},
+    )
+    async def get_turn_trace(
+        state: StateDep, org: OrgPath, principal: MemberDep, session_id: UUID, turn_id: UUID
+    ) -> TurnTrace:
+        """The trace a turn belongs to (its session's caller, or an admin): the request it
+        was accepted in, then ``invoke_agent`` → tool rounds → ``chat`` and tool spans,
+        wherever the turn was driven (a session actor, a recovery)."""
+        return TurnTrace.of(
+            await state.runtime.turn_trace(org, session_id, turn_id, principal=principal)
+        )
 
     @router.get(
         "/sessions/{session_id}/turns/{turn_id}/events",

@@ -102,6 +102,7 @@ __all__ = [
     "TaskList",
     "TaskPayload",
     "TaskSummary",
+    "TaskTrace",
     "ToolBody",
     "ToolCall",
     "ToolList",
@@ -110,6 +111,7 @@ __all__ = [
     "TurnError",
     "TurnStarted",
     "TurnStatusBody",
+    "TurnTrace",
     "from_agent",
     "from_eval_suite",
     "from_observation",
@@ -564,6 +566,25 @@ class TaskTrace(_Out):
     def of(cls, found: RunTrace) -> TaskTrace:
         return cls(
             task_id=found.run_id,
+            trace_ids=found.trace_ids,
+            spans=[
+                TraceSpanBody.model_validate(s.model_dump(exclude={"links"})) for s in found.spans
+            ],
+        )
+
+
+class TurnTrace(_Out):
+    """The locally kept trace a turn belongs to: the request it was accepted in and the
+    turn's spans, wherever it was driven (empty for a turn accepted without tracing)."""
+
+    turn_id: UUID
+    trace_ids: list[str]
+    spans: list[TraceSpanBody]
+
+    @classmethod
+    def of(cls, found: RunTrace) -> TurnTrace:
+        return cls(
+            turn_id=found.run_id,
             trace_ids=found.trace_ids,
             spans=[
                 TraceSpanBody.model_validate(s.model_dump(exclude={"links"})) for s in found.spans

@@ -102,7 +102,9 @@ def smollm2():  # type: ignore[no-untyped-def]
 
     client = LlamaCppClient(model_name=TEST_MODEL_NAME, n_ctx=4096)
     yield client
-    client._llama.close()
+    # Under the client's lock: a turn a test left running may still be generating in its
+    # thread, and freeing the model under it crashes the process.
+    client._close()
 
 
 @pytest.fixture(scope="session")

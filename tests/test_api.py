@@ -550,6 +550,21 @@ async def test_the_app_drives_runs_and_turns_through_session_actors(
             events = await sse_events(client, url, t.auth(t.user), "what time is it?")
             names = [name for name, _ in events]
             assert names == ["started", "tool_call", "observation", "reply", "done"]
+            # The turn's trace crossed the hop to the actor through the turn's row too.
+            turn_id = events[0][1]["turnId"]
+            turn_url = f"/api/orgs/{org}/sessions/{session['id']}/turns/{turn_id}/trace"
+            for _ in range(40):
+                turn_spans = (await client.get(turn_url, headers=t.auth(t.user))).json()["spans"]
+                if any(s["name"] == "execute_tool current_time" for s in turn_spans):
+                    break
+                await asyncio.sleep(0.25)
+            request, turn_root = turn_spans[0], turn_spans[1]
+            assert request["name"] == "POST /api/orgs/{org}/sessions/{session_id}/messages"
+            assert turn_root["name"] == "invoke_agent actor-chat"
+            assert turn_root["parentSpanId"] == request["spanId"]  # made in the actor
+            assert "execute_tool current_time" in [s["name"] for s in turn_spans]
+            r = await client.get(turn_url, headers=t.auth(t.limited))
+            assert r.status_code == 403, r.text  # another caller's session
             r = await client.post(
                 f"/api/orgs/{org}/sessions/{session['id']}/end", headers=t.auth(t.user)
             )
@@ -741,6 +756,7 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
         "end_session": ("POST", f"{base}/sessions/{{session_id}}/end", {}),
         "get_turn": ("GET", f"{base}/sessions/{{session_id}}/turns/{{turn_id}}", {}),
         "turn_events": ("GET", f"{base}/sessions/{{session_id}}/turns/{{turn_id}}/events", {}),
+        "get_turn_trace": ("GET", f"{base}/sessions/{{session_id}}/turns/{{turn_id}}/trace", {}),
         "list_tools": ("GET", f"{base}/tools", {"params": {"agentId": estate.chat["id"]}}),
         "call_tool": (
             "POST",

@@ -94,6 +94,17 @@ def published_passages(dsn: str, org: str, collection: str) -> list[dict[str, An
     )
 
 
+def traced(dsn: str, trace_id: str, names: set[str], timeout_s: float = 20) -> list[Any]:
+    """The spans of ``trace_id`` once one of each of ``names`` is kept (workers export them
+    every half second)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        spans = rows(dsn, "SELECT * FROM trace_spans WHERE trace_id = %s", trace_id)
+        if names <= {s["name"] for s in spans} or time.monotonic() > deadline:
+            return spans
+        time.sleep(0.25)
+
+
 def test_ingest_streams_splits_writes_and_publishes(
     ray_cluster: object, db: Database, org: str, tmp_path: Path
 ) -> None:
@@ -134,6 +145,19 @@ def test_ingest_streams_splits_writes_and_publishes(
     assert ("corpus/guide.md", ("Guide", "Install")) in paths
     assert ("corpus/sub/ref.rst", ("Reference", "Options")) in paths
     assert ("corpus/notes.txt", ()) in paths
+
+    # One trace for the job: its ``ingest`` span, and beneath it a span per read task (in
+    # the Ray workers) and per section batch (in the section writer's actor).
+    assert report.trace_id is not None
+    spans = traced(db.dsn, report.trace_id, {"ingest docs", "ingest unit", "embed sections"})
+    (root,) = [s for s in spans if s["name"] == "ingest docs"]
+    assert root["parent_span_id"] is None and root["attributes"]["cortex.files"] == 10
+    units = [s for s in spans if s["name"] == "ingest unit"]
+    batches = [s for s in spans if s["name"] == "embed sections"]
+    assert units and batches
+    assert {s["parent_span_id"] for s in units + batches} == {root["span_id"]}
+    assert sum(s["attributes"]["cortex.files"] for s in units) == 10
+    assert sum(s["attributes"]["cortex.sections"] for s in batches) == report.sections
 
     health = {
         r["path"]: (r["health"], r["health_detail"])

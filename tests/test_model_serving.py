@@ -26,6 +26,7 @@ import numpy as np
 import openai
 import pytest
 import yaml
+from pydantic import SecretStr
 from referencing import Registry, Resource
 
 from cortex_ray.models import (
@@ -166,8 +167,10 @@ def serve_port(ray_cluster: Any) -> Iterator[int]:
 
 
 @pytest.fixture(scope="module")
-def base_url(serve_port: int) -> Iterator[str]:
-    ray_serve.run(build_models_app(CONFIG), name=APP, route_prefix=PREFIX)
+def base_url(serve_port: int, db: Any) -> Iterator[str]:
+    # The replicas keep their spans in the test database (as the local stack's do).
+    traced = CONFIG.model_copy(update={"spans_database_url": SecretStr(db.dsn)})
+    ray_serve.run(build_models_app(traced), name=APP, route_prefix=PREFIX)
     try:
         yield f"http://127.0.0.1:{serve_port}{PREFIX}"
     finally:
@@ -873,3 +876,86 @@ async def test_a_session_actor_on_served_models_loads_no_weights_of_its_own(
         await sessions.end_session(org, session.id)
     finally:
         await local.close(close_db=False)
+
+
+async def test_one_trace_from_the_http_request_to_the_model_deployments(
+    base_url: str, serve_port: int, settings: Any, db: Any, store: Any, org: str
+) -> None:
+    """A task through the HTTP API on real Ray + Serve, driven by a session actor on the
+    served models: one connected trace from the caller's span through the API's request
+    span, the run's ``invoke_agent`` tree in the actor, down to the LLM and Embedder
+    deployments' own SERVER spans (recorded in their replicas)."""
+    import time
+    import uuid
+
+    from cortex_ray import Grant, Principal
+    from serve import build_api
+
+    served = _served(settings, db, pool_max_size=2, model_max_tokens=48)
+    served = served.model_copy(update={"api": served.api.model_copy(update={"num_cpus": 0})})
+    app, prefix = "cortex-api-traced", f"/traced-{uuid.uuid4().hex[:6]}"
+    ray_serve.run(build_api(served), name=app, route_prefix=prefix)
+    try:
+        principal = Principal(id="ada", org_id=org, grant=Grant(tools=frozenset({"*"})))
+        await store.ensure_org(org)
+        admin = Principal(id="root", org_id=org, is_admin=True, grant=principal.grant)
+        keys = {p.id: (await store.create_api_key(p, f"{p.id} key"))[0] for p in (principal, admin)}
+        caller_trace = uuid.uuid4().hex
+        async with httpx2.AsyncClient(
+            base_url=f"http://127.0.0.1:{serve_port}{prefix}", timeout=120
+        ) as c:
+            r = await c.post(
+                f"/api/orgs/{org}/agents",
+                headers={"Authorization": f"Bearer {keys['root']}"},
+                json={"name": "tracer", "mode": "AUTONOMOUS"},
+            )
+            assert r.status_code == 201, r.text
+            auth = {"Authorization": f"Bearer {keys['ada']}"}
+            r = await c.post(
+                f"/api/orgs/{org}/tasks",
+                headers={**auth, "traceparent": f"00-{caller_trace}-00f067aa0ba902b7-01"},
+                json={"agentId": "tracer", "payload": {"goal": "Say hello", "maxSteps": 1}},
+            )
+            assert r.status_code == 202, r.text
+            location = r.json()["location"]
+            task = (await c.get(location, headers=auth, params={"wait": 60})).json()
+            assert task.get("status") in ("COMPLETED", "FAILED"), (location, task)
+            deadline = time.monotonic() + 30
+            while True:  # the replicas export their spans every 0.5 s
+                traced = (await c.get(f"{location}/trace", headers=auth)).json()
+                deployments = {s["attributes"].get("cortex.deployment") for s in traced["spans"]}
+                if {"LLM", "Embedder"} <= deployments or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
+    finally:
+        ray_serve.delete(app)
+    spans = traced["spans"]
+    assert traced["traceIds"] == [caller_trace]
+    by_id = {s["spanId"]: s for s in spans}
+    request = spans[0]
+    assert request["name"] == "POST /api/orgs/{org}/tasks"
+    assert request["parentSpanId"] == "00f067aa0ba902b7"  # the caller's
+    # Connected: every other span's parent is in the trace.
+    orphans = [s["name"] for s in spans[1:] if s["parentSpanId"] not in by_id]
+    assert orphans == [], orphans
+
+    def ancestry(span: dict[str, Any]) -> list[str]:
+        names = []
+        while span["parentSpanId"] in by_id:
+            span = by_id[span["parentSpanId"]]
+            names.append(span["name"])
+        return names
+
+    llm = [s for s in spans if s["attributes"].get("cortex.deployment") == "LLM"]
+    assert llm, [s["name"] for s in spans]
+    served_chat = llm[0]
+    assert served_chat["name"] == f"chat {LLM_ID}" and served_chat["kind"] == "SERVER"
+    assert served_chat["attributes"]["gen_ai.usage.output_tokens"] > 0
+    # ... beneath the actor's client-side chat span, the decide phase, the step, the run
+    line = ancestry(served_chat)
+    assert line[0] == f"chat {LLM_ID}" and by_id[served_chat["parentSpanId"]]["kind"] != "SERVER"
+    assert "decide" in line and "step 0" in line and "invoke_agent tracer" in line
+    assert line[-1] == request["name"]
+    embedded = [s for s in spans if s["attributes"].get("cortex.deployment") == "Embedder"]
+    assert embedded and embedded[0]["name"] == f"embeddings {EMB_ID}"
+    assert ancestry(embedded[0])[-1] == request["name"]

@@ -32,7 +32,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from cortex_ray._settings import LocalSpans, Settings
+from cortex_ray._settings import LocalSpans, Settings, load_settings
 from cortex_ray._tracing import activate_provider, deactivate_provider
 
 __all__ = ["PostgresSpanExporter", "Tracing", "otlp_endpoint"]
@@ -184,6 +184,14 @@ class Tracing:
             provider.shutdown()
             return None
         return cls(provider, tuple(sinks))
+
+    @classmethod
+    def for_process(cls, database_url: str | None = None) -> Tracing | None:
+        """The provider of a process that opens no runtime (a model replica, an ingestion
+        task): settings from its environment (``CORTEX_TRACING__*``, ``OTEL_*``), spans kept
+        in ``database_url`` (default ``CORTEX_DATABASE_URL``) when they are kept locally."""
+        settings = load_settings()
+        return cls.open(settings, database_url or settings.database_url)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Export every finished span now (before a trace is read back, or at exit)."""

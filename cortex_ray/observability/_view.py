@@ -35,7 +35,8 @@ class TraceSpan(BaseModel):
 
 class RunTrace(BaseModel):
     """The locally kept traces of one run (one per attempt: a resumed run continues its
-    trace, so usually one), spans depth-first in start order."""
+    trace, so usually one), or of one turn (``run_id`` is then the turn's id), spans
+    depth-first in start order."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -788,19 +788,35 @@ class Store:
                 (span_id, org_id, run_id),
             )
 
+    async def spans_of_trace(self, org_id: str, trace_id: str) -> list[dict[str, Any]]:
+        """The locally kept spans of one trace that the organisation may read (its own and
+        those that name no organisation), in start order."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT * FROM trace_spans
+                WHERE trace_id = %s AND (org_id = %s OR org_id IS NULL)
+                ORDER BY start_time, span_id
+                """,
+                (trace_id, org_id),
+            )
+            return list(await cur.fetchall())
+
     async def trace_spans(self, org_id: str, run_id: UUID) -> list[dict[str, Any]]:
         """Every locally kept span of the traces in which the organisation's run appears
         (its attempts: a span naming the run's organisation and id marks each trace), in
-        start order."""
+        start order: the organisation's own spans and those that name none (HTTP requests,
+        model replicas), never another organisation's (a caller chooses its trace id, so
+        two organisations' requests may share one)."""
         async with self.db.transaction() as conn:
             cur = await conn.execute(
                 """
                 SELECT * FROM trace_spans
                 WHERE trace_id IN (
                     SELECT trace_id FROM trace_spans WHERE org_id = %s AND run_id = %s
-                )
+                ) AND (org_id = %s OR org_id IS NULL)
                 ORDER BY start_time, span_id
                 """,
-                (org_id, run_id),
+                (org_id, run_id, org_id),
             )
             return list(await cur.fetchall())

@@ -37,6 +37,7 @@ from cortex_ray._exceptions import (
     LeaseLost,
     NotFoundError,
 )
+from cortex_ray._tracing import current_traceparent
 from cortex_ray._types import (
     SessionStatus,
     Turn,
@@ -109,6 +110,8 @@ class TurnRecord(BaseModel):
     lease_expires_at: datetime | None = None
     accepted_at: datetime
     finished_at: datetime | None = None
+    trace_parent: str | None = None
+    """The W3C ``traceparent`` the turn was accepted under: its driver's spans join it."""
 
     def result(self) -> TurnResult:
         """The ``TurnResult`` of an ended turn, rebuilt from what it stored."""
@@ -193,6 +196,7 @@ def _record(row: dict[str, Any]) -> TurnRecord:
         lease_expires_at=row["lease_expires_at"],
         accepted_at=row["accepted_at"],
         finished_at=row["finished_at"],
+        trace_parent=row.get("trace_parent"),
     )
 
 
@@ -257,7 +261,8 @@ class TurnStore:
         *,
         max_pending: int | None = None,
     ) -> TurnRecord:
-        """Record a message as an ACCEPTED turn, the session's next.
+        """Record a message as an ACCEPTED turn, the session's next, under the trace of the
+        current span (an HTTP request's: the actor that drives the turn joins that trace).
 
         Raises:
             InvalidRequestError: The message is empty.
@@ -291,11 +296,19 @@ class TurnStore:
             cur = await conn.execute(
                 """
                 INSERT INTO session_turns (org_id, session_id, id, ordinal, caller_id, message,
-                                           status)
-                VALUES (%s, %s, %s, %s, %s, %s, 'ACCEPTED')
+                                           status, trace_parent)
+                VALUES (%s, %s, %s, %s, %s, %s, 'ACCEPTED', %s)
                 RETURNING *
                 """,
-                (org_id, session_id, uuid4(), row["last"] + 1, caller_id, message),
+                (
+                    org_id,
+                    session_id,
+                    uuid4(),
+                    row["last"] + 1,
+                    caller_id,
+                    message,
+                    current_traceparent(),
+                ),
             )
             inserted = await cur.fetchone()
         assert inserted is not None

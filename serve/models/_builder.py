@@ -31,14 +31,15 @@ DEFAULT_MODELS_APP = "cortex-models"
 def build_models_app(config: ModelServingConfig | None = None) -> Application:
     """The ingress bound to the embedder, reranker and LLM deployments ``config`` names."""
     cfg = config or ModelServingConfig()
+    spans = cfg.spans_database_url
     embedder = reranker = llm = None
     if cfg.embedder is not None:
         embedder = EmbedderDeployment.options(**cfg.embedder.deployment.as_options()).bind(
-            cfg.embedder
+            cfg.embedder, spans_database_url=spans
         )
     if cfg.reranker is not None:
         reranker = RerankerDeployment.options(**cfg.reranker.deployment.as_options()).bind(
-            cfg.reranker
+            cfg.reranker, spans_database_url=spans
         )
     if cfg.llm is not None:
         if cfg.llm.backend == "vllm":
@@ -46,7 +47,7 @@ def build_models_app(config: ModelServingConfig | None = None) -> Application:
         else:
             options = cfg.llm.deployment.as_options()
             options["max_ongoing_requests"] = cfg.llm.max_ongoing_requests
-            llm = LlamaCppDeployment.options(**options).bind(cfg.llm)
+            llm = LlamaCppDeployment.options(**options).bind(cfg.llm, spans_database_url=spans)
     ingress = ModelIngress.options(**cfg.ingress.deployment.as_options())
     return ingress.bind(cfg, embedder=embedder, reranker=reranker, llm=llm)
 

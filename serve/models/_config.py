@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from cortex_ray import Settings
 
@@ -254,6 +254,11 @@ class ModelServingConfig(_Strict):
     reranker: RerankerConfig | None = RerankerConfig()
     llm: LlmConfig | None = LlmConfig()
     ingress: IngressConfig = IngressConfig()
+    spans_database_url: SecretStr | None = Field(
+        default=None,
+        description="where the deployments keep their spans when spans are kept locally (no "
+        "OTLP endpoint set): default CORTEX_DATABASE_URL of the replica's environment",
+    )
 
     def model_ids(self) -> list[str]:
         return [

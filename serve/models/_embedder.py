@@ -16,9 +16,16 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_REQUEST_MODEL,
+)
+from pydantic import SecretStr
 
 from cortex_ray.models.embeddings import packaged_minilm_path
+from cortex_ray.observability import server_span
 from serve.models._config import EmbedderConfig
+from serve.models._spans import replica_tracing
 
 try:
     from ray import serve as ray_serve
@@ -43,13 +50,17 @@ class EmbedderServer:
     """One sentence-transformers model per replica (on the replica's GPU when it has one).
 
     Handle methods: ``embed(texts) -> float32 array`` (unit-length rows),
-    ``embed_with_usage(texts) -> (array, prompt tokens)``, ``info() -> dict``.
+    ``embed_with_usage(texts) -> (array, prompt tokens)``, ``info() -> dict``; the embedding
+    calls take the caller's ``traceparent`` (see ``serve.models._spans``).
     """
 
-    def __init__(self, config: EmbedderConfig | None = None) -> None:
+    def __init__(
+        self, config: EmbedderConfig | None = None, *, spans_database_url: SecretStr | None = None
+    ) -> None:
         from sentence_transformers import SentenceTransformer
 
         self._config = config or EmbedderConfig()
+        self._tracing = replica_tracing(spans_database_url)
         source = self._config.model or str(packaged_minilm_path())
         self._model = SentenceTransformer(source, device=self._config.device)
         get_dim = getattr(self._model, "get_embedding_dimension", None) or (
@@ -128,11 +139,27 @@ class EmbedderServer:
         ids = self._model.tokenizer(texts, truncation=True, max_length=self._model.max_seq_length)
         return sum(len(i) for i in ids["input_ids"])
 
-    async def embed(self, texts: list[str]) -> Vectors:
-        return (await self._run(texts, False))[0]
+    def _span(self, texts: list[str], traceparent: str | None) -> Any:
+        return server_span(
+            f"embeddings {self._config.model_id}",
+            traceparent,
+            {
+                GEN_AI_OPERATION_NAME: "embeddings",
+                GEN_AI_REQUEST_MODEL: self._config.model_id,
+                "cortex.deployment": EMBEDDER_NAME,
+                "cortex.inputs": len(texts),
+            },
+        )
 
-    async def embed_with_usage(self, texts: list[str]) -> tuple[Vectors, int]:
-        return await self._run(texts, True)
+    async def embed(self, texts: list[str], traceparent: str | None = None) -> Vectors:
+        with self._span(texts, traceparent):
+            return (await self._run(texts, False))[0]
+
+    async def embed_with_usage(
+        self, texts: list[str], traceparent: str | None = None
+    ) -> tuple[Vectors, int]:
+        with self._span(texts, traceparent):
+            return await self._run(texts, True)
 
     async def health(self) -> dict[str, Any]:
         return {"model_id": self._config.model_id, "available": True, "reason": None}

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from cortex_ray import ConfigurationError, ModelError, Runtime, Settings
 from cortex_ray.memory import EMBEDDING_DIM
@@ -31,6 +31,7 @@ from cortex_ray.models import (
     Usage,
     register_backend,
 )
+from cortex_ray.observability import outgoing_traceparent
 from serve.models._builder import DEFAULT_MODELS_APP
 from serve.models._config import (
     SETTINGS_MIRROR,
@@ -83,7 +84,9 @@ class HandleEmbedder:
     async def embed(self, texts: list[str]) -> NDArray[np.float32]:
         if not texts:
             return np.zeros((0, self._dim), dtype=np.float32)
-        out: NDArray[np.float32] = await self._handle.embed.remote(texts)
+        out: NDArray[np.float32] = await self._handle.embed.remote(
+            texts, traceparent=outgoing_traceparent()
+        )
         return out
 
 
@@ -290,7 +293,8 @@ def serving_config_for(settings: Settings) -> ModelServingConfig | None:
         embedder = EmbedderConfig(**mirrored(EmbedderConfig))
     if settings.model_backend == "served":
         llm = LlmConfig(**mirrored(LlmConfig))
-    return ModelServingConfig(embedder=embedder, llm=llm)
+    spans = SecretStr(settings.database_url) if settings.database_url else None
+    return ModelServingConfig(embedder=embedder, llm=llm, spans_database_url=spans)
 
 
 def _check_embedder_dim(dim: int, embedder: str) -> None:

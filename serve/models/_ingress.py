@@ -34,7 +34,9 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from cortex_ray import Principal, load_settings
+from cortex_ray.observability import outgoing_traceparent
 from cortex_ray.storage import Database, Store
+from serve._tracing import TraceRequests
 from serve.models._config import IngressConfig, ModelServingConfig
 from serve.models._llm import ChatBackend, chat_backend
 from serve.models._openai import (
@@ -47,6 +49,7 @@ from serve.models._openai import (
     now,
 )
 from serve.models._reranker import HandleReranker
+from serve.models._spans import replica_tracing
 
 try:
     from ray import serve as ray_serve
@@ -318,6 +321,7 @@ def create_model_app(
         log.info("model routes open without API keys (Serve binds to loopback only)")
     else:
         log.info("model routes require API keys (the API's key store)")
+    app.add_middleware(TraceRequests, prefix="/v1/")
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)
     app.add_exception_handler(FailureError, _on_failure)
@@ -448,7 +452,9 @@ def create_model_app(
                     code="unsupported_parameter",
                 )
             )
-        vectors, tokens = await embedder.embed_with_usage.remote(texts)
+        vectors, tokens = await embedder.embed_with_usage.remote(
+            texts, traceparent=outgoing_traceparent()
+        )
         data: list[dict[str, Any]] = []
         for i, row in enumerate(vectors):
             value: Any = (
@@ -563,6 +569,7 @@ class _ModelIngressReplica:
         llm: DeploymentHandle[Any] | None = None,
     ) -> None:
         self._config = config
+        self._tracing = replica_tracing(config.spans_database_url)
         self._handles = {"embedder": embedder, "reranker": reranker, "llm": llm}
         required = config.ingress.require_keys
         self._require_keys = not serve_binds_loopback_only() if required is None else required

@@ -27,12 +27,22 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import jsonschema
+from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+)
+from opentelemetry.trace import Status, StatusCode
+from pydantic import SecretStr
 
 from cortex_ray import ModelError
 from cortex_ray.models import ChatMessage, ChatRequest, ChatResponse, ToolCall
 from cortex_ray.models.llama_cpp import decode_tool_choice, tool_choice_schema
+from cortex_ray.observability import outgoing_traceparent, server_span
 from serve.models._config import LlmConfig
 from serve.models._openai import ChatCompletionRequest, Failure, completion_id, now
+from serve.models._spans import replica_tracing
 
 try:
     from ray import serve as ray_serve
@@ -294,10 +304,13 @@ class LlamaCppServer:
     ``health() -> dict``, ``load() -> dict`` (requests in flight, waiting, served, refused).
     """
 
-    def __init__(self, config: LlmConfig | None = None) -> None:
+    def __init__(
+        self, config: LlmConfig | None = None, *, spans_database_url: SecretStr | None = None
+    ) -> None:
         from cortex_ray.models.llama_cpp import LlamaCppClient
 
         self._config = config or LlmConfig()
+        self._tracing = replica_tracing(spans_database_url)
         self._client = LlamaCppClient(
             self._config.model_path,
             model_name=self._config.model_id,  # the packaged model of that name
@@ -360,7 +373,29 @@ class LlamaCppServer:
         self._served[kind] += 1
         self._model_free.release()
 
-    async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | Failure:
+    async def chat(
+        self, req: ChatCompletionRequest, traceparent: str | None = None
+    ) -> dict[str, Any] | Failure:
+        model = self._config.model_id
+        with server_span(
+            f"chat {model}",
+            traceparent,
+            {
+                GEN_AI_OPERATION_NAME: "chat",
+                GEN_AI_REQUEST_MODEL: model,
+                "cortex.deployment": LLM_NAME,
+            },
+        ) as span:
+            result = await self._chat(req)
+            if isinstance(result, Failure):
+                span.set_status(Status(StatusCode.ERROR, result.message[:200]))
+                span.set_attribute("error.type", result.type)
+            else:
+                span.set_attribute(GEN_AI_USAGE_INPUT_TOKENS, result["usage"]["prompt_tokens"])
+                span.set_attribute(GEN_AI_USAGE_OUTPUT_TOKENS, result["usage"]["completion_tokens"])
+            return result
+
+    async def _chat(self, req: ChatCompletionRequest) -> dict[str, Any] | Failure:
         prepared = to_core_request(req, self._config.default_max_tokens)
         if isinstance(prepared, Failure):
             return prepared
@@ -547,7 +582,9 @@ class _LlamaCppBackend:
         self._handle = handle
 
     async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | Failure:
-        result: dict[str, Any] | Failure = await self._handle.chat.remote(req)
+        result: dict[str, Any] | Failure = await self._handle.chat.remote(
+            req, traceparent=outgoing_traceparent()
+        )
         return result
 
     async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[Chunk | Failure]:

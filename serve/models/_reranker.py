@@ -11,10 +11,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_REQUEST_MODEL,
+)
+from pydantic import SecretStr
+
 from cortex_ray import ModelError
 from cortex_ray.models.reranking import CrossEncoderReranker, RerankHit
+from cortex_ray.observability import outgoing_traceparent, server_span
 from serve.models._config import RerankerConfig
 from serve.models._openai import Failure
+from serve.models._spans import replica_tracing
 
 try:
     from ray import serve as ray_serve
@@ -37,8 +45,11 @@ class RerankerServer:
     ``name``), ``rerank(query, documents, top_n) -> [(index, score), ...] | Failure``.
     """
 
-    def __init__(self, config: RerankerConfig | None = None) -> None:
+    def __init__(
+        self, config: RerankerConfig | None = None, *, spans_database_url: SecretStr | None = None
+    ) -> None:
         self._config = config or RerankerConfig()
+        self._tracing = replica_tracing(spans_database_url)
         self._reranker = CrossEncoderReranker(
             self._config.model,
             device=self._config.device,
@@ -62,13 +73,27 @@ class RerankerServer:
         }
 
     async def rerank(
-        self, query: str, documents: list[str], top_n: int | None = None
+        self,
+        query: str,
+        documents: list[str],
+        top_n: int | None = None,
+        traceparent: str | None = None,
     ) -> list[tuple[int, float]] | Failure:
         if not self._reranker.available:
             return Failure.unavailable(
                 f"the reranker {self._config.model_id!r}", str(self._reranker.reason)
             )
-        hits = await self._reranker.rerank(query, documents, top_n)
+        with server_span(
+            f"rerank {self._config.model_id}",
+            traceparent,
+            {
+                GEN_AI_OPERATION_NAME: "rerank",
+                GEN_AI_REQUEST_MODEL: self._config.model_id,
+                "cortex.deployment": RERANKER_NAME,
+                "cortex.inputs": len(documents),
+            },
+        ):
+            hits = await self._reranker.rerank(query, documents, top_n)
         return [(h.index, h.score) for h in hits]
 
 
@@ -119,7 +144,9 @@ class HandleReranker:
     ) -> list[RerankHit]:
         if not documents:
             return []
-        result = await self._handle.rerank.remote(query, documents, top_n)
+        result = await self._handle.rerank.remote(
+            query, documents, top_n, traceparent=outgoing_traceparent()
+        )
         if isinstance(result, Failure):
             raise ModelError(result.message)
         return [RerankHit(index=i, score=s) for i, s in result]
