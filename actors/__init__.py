@@ -15,7 +15,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from actors._directory import SessionDirectory
 from actors._exceptions import SessionBusyError, SessionError, SessionUnavailableError
 from actors._factory import RuntimeFactory, ServedModels, open_runtime
+from actors._local import announce_local_ray, local_ray_address
 from actors._manager import SessionManager
+from actors._metrics import RayMetrics, install_ray_metrics
 from actors._naming import DIRECTORY_NAME, NAMESPACE, ActorKey
 from actors._session import AgentSession
 from cortex_ray import SessionPolicy
@@ -25,6 +27,7 @@ __all__ = [
     "NAMESPACE",
     "ActorKey",
     "AgentSession",
+    "RayMetrics",
     "RuntimeFactory",
     "ServedModels",
     "SessionBusyError",
@@ -33,5 +36,8 @@ __all__ = [
     "SessionManager",
     "SessionPolicy",
     "SessionUnavailableError",
+    "announce_local_ray",
+    "install_ray_metrics",
+    "local_ray_address",
     "open_runtime",
 ]

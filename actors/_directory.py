@@ -39,9 +39,11 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from actors._exceptions import SessionError
 from actors._factory import RuntimeFactory
+from actors._metrics import install_ray_metrics
 from actors._naming import DIRECTORY_NAME, ActorKey
 from actors._session import WARM_PREFIX, create_warm, get_or_create
 from cortex_ray import NotFoundError, RunStatus, SessionPolicy, Settings
+from cortex_ray.observability import metrics
 from cortex_ray.storage import Database, Store
 
 __all__ = ["SessionDirectory", "get_or_create_directory"]
@@ -84,6 +86,20 @@ class SessionDirectory:
         # The warm pool starts with the first session that needs an actor (a namespace that
         # only drives runs never pays for it).
         await self._rebuild()
+        install_ray_metrics()
+        self._spawn(self._report())
+
+    async def _report(self, every_s: float = 5.0) -> None:
+        """The live and warm session actors as gauges, every few seconds."""
+        namespace = self._policy.namespace
+        while True:
+            metrics.record(
+                metrics.SESSION_ACTORS, len(self._sessions), namespace=namespace, state="live"
+            )
+            metrics.record(
+                metrics.SESSION_ACTORS, len(self._warm), namespace=namespace, state="warm"
+            )
+            await asyncio.sleep(every_s)
 
     async def _rebuild(self) -> None:
         """Current state from the cluster: the named actors alive in our namespace."""

@@ -34,6 +34,7 @@ from ray.exceptions import RayError
 
 from actors._exceptions import SessionBusyError, _SessionPassivating
 from actors._factory import RuntimeFactory
+from actors._metrics import install_ray_metrics
 from actors._naming import DIRECTORY_NAME, ActorKey
 from cortex_ray import (
     MemoryRecord,
@@ -46,6 +47,7 @@ from cortex_ray import (
     TurnResult,
     events_until,
 )
+from cortex_ray.observability import metrics
 
 __all__ = ["WARM_PREFIX", "AgentSession", "create_warm", "get_or_create"]
 
@@ -133,6 +135,8 @@ class AgentSession:
         self._background: set[asyncio.Task[Any]] = set()
         self._turns: dict[uuid.UUID, asyncio.Task[TurnResult]] = {}  # in flight, by turn id
         self._retiring = asyncio.Event()
+        self._reactivation: bool | None = None  # known at the first turn
+        install_ray_metrics()
         self._runtime: Runtime = await factory(settings)
         _release_free_heap()
         self._drive: asyncio.Task[RunStatus] | None = None
@@ -218,6 +222,7 @@ class AgentSession:
         running = None if turn_id is None else self._turns.get(turn_id)
         if running is None or running.done():
             if turn_id is None and self._pending >= self._policy.max_pending_turns:
+                metrics.record(metrics.TURNS_REJECTED, org=key.org_id, reason="busy")
                 raise SessionBusyError(
                     f"session {key.id} already has {self._pending} turn(s) running or "
                     f"queued (limit {self._policy.max_pending_turns}); try again when it answers"
@@ -279,6 +284,12 @@ class AgentSession:
             async with self._lock:
                 accepted = await self._runtime.turns.accept(key.org_id, key.id, caller.id, message)
             turn_id = accepted.id
+        if self._reactivation is None:
+            # This actor's first turn: a session that had turns before came back to life.
+            turn = await self._runtime.turns.get(key.org_id, key.id, turn_id)
+            self._reactivation = turn.ordinal > 0
+            if self._reactivation:
+                metrics.record(metrics.SESSION_REACTIVATIONS, namespace=self._policy.namespace)
         session = await self._runtime.store.get_session(key.org_id, key.id)
         return await self._runtime.run_turn(
             session, caller, message, turn_id=turn_id, owner=key.name, on_event=on_event
@@ -308,6 +319,7 @@ class AgentSession:
         if self._pending or self._drive is not None:
             return False
         self._closing = True  # from here on turns are refused unrun, and retried elsewhere
+        self._passivating()
         self._spawn(self._retire())
         return True
 
@@ -337,6 +349,10 @@ class AgentSession:
             log.info("%s: idle for %.1f s, passivating", self._bound.name, idle)
             await self.passivate()
             return
+
+    def _passivating(self) -> None:
+        if self._key is not None and self._key.kind == "session":
+            metrics.record(metrics.SESSION_PASSIVATIONS, namespace=self._policy.namespace)
 
     async def _retire(self) -> None:
         """Close what the actor holds, tell the directory, and exit (an intended exit)."""

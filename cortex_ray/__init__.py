@@ -32,6 +32,7 @@ from cortex_ray._executor import Executor, InProcessExecutor
 from cortex_ray._runtime import ApiKeyCreated, ApiKeyRevoked, Runtime
 from cortex_ray._settings import (
     ApiOptions,
+    DiagnosticsOptions,
     IngestJobOptions,
     LocalSpans,
     RunPolicy,
@@ -68,6 +69,8 @@ from cortex_ray._types import (
     PrincipalKind,
     ProceduralProposal,
     ProposalStatus,
+    RunCost,
+    RunLoop,
     RunStatus,
     ScoredMemory,
     Session,
@@ -100,6 +103,7 @@ __all__ = [
     "Decision",
     "DecisionCycle",
     "DecisionKind",
+    "DiagnosticsOptions",
     "Executor",
     "Grant",
     "InProcessExecutor",
@@ -119,6 +123,8 @@ __all__ = [
     "PrincipalKind",
     "ProceduralProposal",
     "ProposalStatus",
+    "RunCost",
+    "RunLoop",
     "RunPolicy",
     "RunStatus",
     "RunSupervisor",

@@ -19,6 +19,8 @@ that lost the run writes nothing more and stops (``LeaseLost``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -47,11 +49,14 @@ from cortex_ray._types import (
     Agent,
     AgentAction,
     AgentMode,
+    Candidate,
     Decision,
     DecisionKind,
     Observation,
     ObservationStatus,
     Principal,
+    RunCost,
+    RunLoop,
     RunStatus,
     Session,
     SessionStatus,
@@ -63,11 +68,13 @@ from cortex_ray._types import (
     TurnEventKind,
     TurnResult,
     WorkingMemory,
+    utcnow,
 )
 from cortex_ray.act import Dispatch, InvocationContext, ToolDispatcher, ToolRegistry
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
 from cortex_ray.learn import Learner
 from cortex_ray.models import recording
+from cortex_ray.observability import diagnostics, metrics
 from cortex_ray.perceive import WorkingMemoryAssembler, shown_note
 from cortex_ray.storage import AuditEntry, Database, RunLease, RunLeases, Store, TurnLease
 
@@ -155,6 +162,8 @@ class DecisionCycle:
         step's intent durable there; the interactive loop reports the tool call). With
         ``record`` the step's recording (working memory, model calls) comes back with it.
         """
+        org, agent_name = ctx.agent.org_id, ctx.agent.name
+        started = time.perf_counter()
         wm = await self.assembler.assemble(  # PERCEIVE
             agent=ctx.agent,
             mode=ctx.mode,
@@ -167,6 +176,7 @@ class DecisionCycle:
             run_id=ctx.run_id,
         )
         shown = shown_note(wm.action_space, wm.hidden_tools)
+        started = _phase_done("perceive", started, org, agent_name)
         kept: StepRecording | None = None
         with tracer.start_as_current_span("decide") as span:
             if record:
@@ -184,13 +194,16 @@ class DecisionCycle:
             span.set_attribute("cortex.decision", decision.kind.value)
             if decision.action is not None:
                 span.set_attribute("cortex.tool", decision.action.tool)
+        _phase_done("decide", started, org, agent_name)
         if decision.kind is not DecisionKind.ACT or decision.action is None:
             return CycleStep(decision, recording=kept, shown=shown)
         if before_act is not None:
             await before_act(decision.action)
+        started = time.perf_counter()
         dispatch = await self.dispatcher.execute(  # ACT
             ctx, decision.action.tool, decision.action.args
         )
+        _phase_done("act", started, org, agent_name)
         return CycleStep(decision, dispatch, kept, shown)
 
     # autonomous ---------------------------------------------------------------------------
@@ -274,6 +287,34 @@ class DecisionCycle:
                 return final
         return await self.store.get_run(run.org_id, run.id)
 
+    def _timeline(self, org_id: str, **ids: UUID | None) -> diagnostics.Timeline | None:
+        """A diagnostic timeline for a run attempt or a turn (``None`` when switched off)."""
+        options = self.settings.diagnostics
+        if not options.enabled:
+            return None
+        store = self.store
+
+        async def write(
+            tl: diagnostics.Timeline, events: list[diagnostics.DiagnosticEvent]
+        ) -> None:
+            await store.append_diagnostics(
+                tl.org_id,
+                events,
+                run_id=tl.run_id,
+                session_id=tl.session_id,
+                turn_id=tl.turn_id,
+                retention_days=options.retention_days,
+            )
+
+        return diagnostics.Timeline(
+            org_id=org_id,
+            writer=write,
+            max_events=options.max_events,
+            max_value_chars=options.max_value_chars,
+            stall_after_s=options.stall_after_s,
+            **ids,  # type: ignore[arg-type]
+        )
+
     async def _drive(
         self,
         agent: Agent,
@@ -281,6 +322,93 @@ class DecisionCycle:
         lease: RunLease,
         on_step: StepCallback | None,
         observations: list[Observation] | None = None,
+    ) -> TaskRun:
+        """One attempt at the run, with its diagnostic timeline and its cost: the tokens
+        and seconds it spent are added to the run's, and the loops it showed."""
+        timeline = self._timeline(run.org_id, run_id=run.id)
+        first = not run.steps
+        queue_s = max((utcnow() - run.created_at).total_seconds(), 0.0) if first else 0.0
+        watch = _LoopWatch(self.settings.diagnostics.loop_repeats, run.steps)
+        started = time.perf_counter()
+        with diagnostics.timeline(timeline):
+            diagnostics.note(
+                "attempt",
+                goal=run.objective(),
+                max_steps=run.max_steps,
+                resumed_at_step=len(run.steps),
+                queue_s=round(queue_s, 3) if first else None,
+            )
+            try:
+                final = await self._drive_traced(agent, run, lease, on_step, observations, watch)
+            except BaseException as exc:
+                diagnostics.note("failure", error=f"{type(exc).__name__}: {exc}")
+                await asyncio.shield(self._end_attempt(run, timeline, watch, queue_s, started))
+                raise
+            total = await asyncio.shield(
+                self._end_attempt(run, timeline, watch, queue_s, started, final)
+            )
+        return final if total is None else final.model_copy(update={"cost": total})  # as stored
+
+    @staticmethod
+    def _looped(agent: Agent, run: TaskRun, span: Any, loop: RunLoop) -> None:
+        """Say that the run proposes the same call again and again (it is not stopped: the
+        step budget bounds it, and an operator decides)."""
+        log.warning(
+            "run %s: %s called %d times with the same arguments (steps %d-%d): a loop",
+            run.id,
+            loop.tool,
+            loop.repeats,
+            loop.first_step,
+            loop.last_step,
+        )
+        metrics.record(metrics.LOOPS_DETECTED, org=run.org_id, agent=agent.name, tool=loop.tool)
+        diagnostics.note("loop", **loop.model_dump(mode="json"))
+        if span.is_recording():
+            span.add_event("loop", {"cortex.tool": loop.tool, "cortex.repeats": loop.repeats})
+
+    async def _end_attempt(
+        self,
+        run: TaskRun,
+        timeline: diagnostics.Timeline | None,
+        watch: _LoopWatch,
+        queue_s: float,
+        started: float,
+        final: TaskRun | None = None,
+    ) -> RunCost | None:
+        """Write the attempt's last events and add its cost to the run's (the sum, or
+        ``None`` when it could not be written: the run's outcome stands regardless)."""
+        meter = timeline.meter if timeline is not None else diagnostics.Meter()
+        cost = RunCost(
+            attempts=1,
+            queue_s=round(queue_s, 4),
+            wall_s=round(time.perf_counter() - started, 4),
+            loops=tuple(watch.loops),
+            **meter.as_dict(),
+        )
+        if final is not None:
+            diagnostics.note(
+                "terminal",
+                status=final.status.value,
+                reason=final.reason,
+                result=final.result,
+                cost=cost.model_dump(mode="json", exclude={"loops"}),
+            )
+        if timeline is not None:
+            await timeline.close()
+        try:
+            return await self.store.add_run_cost(run.org_id, run.id, cost)
+        except Exception:
+            log.warning("run %s: could not record its cost", run.id, exc_info=True)
+            return None
+
+    async def _drive_traced(
+        self,
+        agent: Agent,
+        run: TaskRun,
+        lease: RunLease,
+        on_step: StepCallback | None,
+        observations: list[Observation] | None,
+        watch: _LoopWatch,
     ) -> TaskRun:
         steps = list(run.steps)
         if observations is None:
@@ -303,13 +431,21 @@ class DecisionCycle:
                 attempt = format(span.get_span_context().span_id, "016x")
                 await self.store.set_trace_attempt(run.org_id, run.id, attempt)
                 run = run.model_copy(update={"trace_attempt": attempt})  # as stored
+            timeline = diagnostics.current_timeline()
             for step_index in range(len(steps), run.max_steps):
+                if timeline is not None:
+                    timeline.step = step_index
                 step, final = await self._autonomous_step(
                     agent, run, lease, step_index, observations, on_step
                 )
                 steps.append(step)
+                if (loop := watch.see(step)) is not None:
+                    self._looped(agent, run, span, loop)
+                if timeline is not None:
+                    await timeline.flush()
                 if final is not None:
                     end_run_span(span, final)
+                    _run_done(agent, final)
                     return final.model_copy(update={"steps": tuple(steps)})
             final = await self._finish(
                 agent,
@@ -319,6 +455,7 @@ class DecisionCycle:
                 reason=f"step budget of {run.max_steps} exhausted before the goal was met",
             )
             end_run_span(span, final)
+            _run_done(agent, final)
         return final.model_copy(update={"steps": tuple(steps)})
 
     async def _autonomous_step(
@@ -365,6 +502,18 @@ class DecisionCycle:
                 record=self.settings.record_decisions,
             )
             decision = cycle.decision
+            metrics.record(
+                metrics.STEPS, org=run.org_id, agent=agent.name, decision=decision.kind.value
+            )
+            diagnostics.note(
+                "decision",
+                decision=decision.kind.value,
+                candidates=[_shown_candidate(c) for c in decision.candidates],
+                selected=decision.selected,
+                action=None if decision.action is None else decision.action.model_dump(),
+                reason=decision.reason,
+                shown_tools=cycle.shown,
+            )
             if cycle.dispatch is None:
                 step = Step(
                     run_id=run.id,
@@ -405,9 +554,11 @@ class DecisionCycle:
                 note=_note(decision.reason, cycle.shown),
                 recording=cycle.recording,
             )
+            started = time.perf_counter()
             await self.learner.record_step(  # LEARN
                 agent, run, step, decision, dispatch.audit, clear_intent=side_effects, lease=lease
             )
+            _phase_done("learn", started, run.org_id, agent.name)
             step = _without_recording(step)
             await _notify(on_step, step)
             if dispatch.refused_as_invalid:
@@ -448,6 +599,40 @@ class DecisionCycle:
     # interactive --------------------------------------------------------------------------
 
     async def turn(
+        self,
+        session: Session,
+        caller: Principal,
+        message: str,
+        *,
+        lease: TurnLease | None = None,
+        on_event: TurnEventSink | None = None,
+    ) -> TurnResult:
+        """One interactive turn (see :meth:`_turn`), with its diagnostic timeline."""
+        timeline = self._timeline(
+            session.org_id,
+            session_id=session.id,
+            turn_id=lease.turn.id if lease is not None else None,
+        )
+        with diagnostics.timeline(timeline):
+            diagnostics.note("request", message=message, caller=caller.id)
+            try:
+                result = await self._turn(session, caller, message, lease=lease, on_event=on_event)
+            except BaseException as exc:
+                diagnostics.note("failure", error=f"{type(exc).__name__}: {exc}")
+                if timeline is not None:
+                    await asyncio.shield(timeline.close())
+                raise
+            diagnostics.note(
+                "terminal",
+                reply=result.reply,
+                refused=result.refused,
+                cost=None if timeline is None else timeline.meter.as_dict(),
+            )
+            if timeline is not None:
+                await asyncio.shield(timeline.close())
+        return result
+
+    async def _turn(
         self,
         session: Session,
         caller: Principal,
@@ -589,6 +774,10 @@ class DecisionCycle:
             refused=None if reply is not None else refused or "no reply",
             events=emitted,
         )
+        outcome = "replied" if reply is not None else "refused"
+        metrics.record(
+            metrics.TURNS_FINISHED, org=session.org_id, agent=agent.name, outcome=outcome
+        )
         return TurnResult(
             session_id=session.id, reply=reply, observations=tuple(observations), refused=refused
         )
@@ -603,6 +792,63 @@ def _note(reason: str, shown: str | None) -> str | None:
 def _without_recording(step: Step) -> Step:
     """The step as its log shows it: the recording is stored, and read only for replay."""
     return step if step.recording is None else step.model_copy(update={"recording": None})
+
+
+def _shown_candidate(c: Candidate) -> dict[str, Any]:
+    """A candidate as the timeline keeps it (what it proposed, how it scored)."""
+    return c.model_dump(
+        include={"index", "kind", "tool", "args", "message", "score", "valid", "invalid_reason",
+                 "repeats", "assessment", "unsupported"},
+        exclude_none=True,
+    )  # fmt: skip
+
+
+class _LoopWatch:
+    """Counts the calls of a run by (tool, arguments); the ``repeats``-th identical one is a
+    loop (reported once per call, then its count kept up to date)."""
+
+    def __init__(self, repeats: int, steps: Sequence[Step]) -> None:
+        self._repeats = repeats
+        self._seen: dict[tuple[str, str], RunLoop] = {}
+        self.loops: list[RunLoop] = []
+        for step in steps:
+            self.see(step, report=False)
+
+    def see(self, step: Step, *, report: bool = True) -> RunLoop | None:
+        action = step.action
+        if step.decision is not DecisionKind.ACT or action is None:
+            return None
+        canonical = json.dumps(action.args, sort_keys=True, default=str)
+        key = (action.tool, hashlib.sha256(canonical.encode()).hexdigest()[:16])
+        known = self._seen.get(key)
+        if known is None:
+            self._seen[key] = RunLoop(
+                tool=action.tool,
+                args_sha=key[1],
+                repeats=1,
+                first_step=step.step_index,
+                last_step=step.step_index,
+            )
+            return None
+        seen = known.model_copy(update={"repeats": known.repeats + 1, "last_step": step.step_index})
+        self._seen[key] = seen
+        if seen.repeats < self._repeats:
+            return None
+        self.loops = [lp for lp in self.loops if (lp.tool, lp.args_sha) != key] + [seen]
+        return seen if seen.repeats == self._repeats and report else None
+
+
+def _phase_done(phase: str, started: float, org: str, agent: str) -> float:
+    """Record how long ``phase`` took since ``started``; returns now (the next one's start)."""
+    now = time.perf_counter()
+    metrics.record(metrics.PHASE_DURATION, now - started, org=org, agent=agent, phase=phase)
+    return now
+
+
+def _run_done(agent: Agent, run: TaskRun) -> None:
+    metrics.record(
+        metrics.RUNS_FINISHED, org=run.org_id, agent=agent.name, outcome=run.status.value
+    )
 
 
 def _run_context(agent: Agent, run: TaskRun, step_index: int) -> InvocationContext:

@@ -51,7 +51,7 @@ from cortex_ray._exceptions import (
     UnavailableError,
 )
 from cortex_ray._settings import Settings, load_settings
-from cortex_ray._tracing import current_traceparent
+from cortex_ray._tracing import GEN_AI_AGENT_NAME, current_traceparent, submission_span
 from cortex_ray._types import (
     Agent,
     AgentChanges,
@@ -118,7 +118,8 @@ from cortex_ray.models import (
     Reranker,
     open_models,
 )
-from cortex_ray.observability import RunTrace, Tracing
+from cortex_ray.observability import RunTrace, Tracing, metrics
+from cortex_ray.observability.diagnostics import Diagnosis
 from cortex_ray.perceive import PromptComposer, ToolRetriever, WorkingMemoryAssembler
 from cortex_ray.storage import (
     AuditEntry,
@@ -649,28 +650,35 @@ class Runtime:
                 f"agent {agent.name!r} is {agent.mode.value}; "
                 "set its mode to AUTONOMOUS to run tasks"
             )
-        run = TaskRun(
-            org_id=org_id,
-            agent_id=agent.id,
-            name=name,
-            goal=goal.strip(),
-            max_steps=steps,
-            caller_id=caller_id,
-            requested_by=caller.id,
-            contact_context=contact_context or None,
-            # every attempt's spans go under this (the hop to the actor is the run's row)
-            trace_parent=current_traceparent(),
-        )
-        # The submission's OK row goes in the run's own transaction: one round trip of
-        # statements instead of a second transaction, and never a run without its row.
-        audit = None
-        if UseCase.TASKS_SUBMIT.audit_allowed:
-            audit = self._audit_entry(
-                caller, UseCase.TASKS_SUBMIT, org_id, "OK", None, agent, args, run_id=run.id
+        run_id = uuid4()
+        with submission_span(
+            f"submit_task {agent.name}",
+            {"cortex.org_id": org_id, "cortex.run_id": str(run_id), GEN_AI_AGENT_NAME: agent.name},
+        ):
+            run = TaskRun(
+                id=run_id,
+                org_id=org_id,
+                agent_id=agent.id,
+                name=name,
+                goal=goal.strip(),
+                max_steps=steps,
+                caller_id=caller_id,
+                requested_by=caller.id,
+                contact_context=contact_context or None,
+                # every attempt's spans go under this (the hop to the actor is the run's row)
+                trace_parent=current_traceparent(),
             )
-        created = await self.store.create_run(run, audit=audit)
+            # The submission's OK row goes in the run's own transaction: one round trip of
+            # statements instead of a second transaction, and never a run without its row.
+            audit = None
+            if UseCase.TASKS_SUBMIT.audit_allowed:
+                audit = self._audit_entry(
+                    caller, UseCase.TASKS_SUBMIT, org_id, "OK", None, agent, args, run_id=run.id
+                )
+            created = await self.store.create_run(run, audit=audit)
         if audit is not None:
             self._log_audited(caller, UseCase.TASKS_SUBMIT, "OK")
+        metrics.record(metrics.RUNS_STARTED, org=org_id, agent=agent.name)
         return caller, agent, created
 
     async def run_autonomous(
@@ -793,6 +801,40 @@ class Runtime:
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.flush)  # this process's finished spans
         return RunTrace.of(run_id, await self.store.trace_spans(org_id, run_id))
+
+    async def run_diagnostics(
+        self, org_id: str, run_id: UUID, *, principal: Principal | None = None
+    ) -> Diagnosis:
+        """The run's diagnostic timeline over its attempts (request, model calls, candidates
+        and scores, the selected action, tool input and result, retrieval evidence, stalls,
+        loops, the end), its cost, and whether it is stalled now.
+
+        Raises:
+            NotFoundError: No such run in the organisation.
+        """
+        await self._authorize(principal, UseCase.TASKS_GET, org_id)
+        run = await self.store.get_run(org_id, run_id)
+        events = await self.store.diagnostics(org_id, run_id=run_id)
+        cost = None if run.cost is None else run.cost.model_dump(mode="json")
+        return Diagnosis.of(run.id, run.status.value, events, cost)
+
+    async def turn_diagnostics(
+        self,
+        org_id: str,
+        session_id: UUID,
+        turn_id: UUID,
+        *,
+        principal: Principal | None = None,
+    ) -> Diagnosis:
+        """A turn's diagnostic timeline, as reading the session (its caller, or an admin).
+
+        Raises:
+            NotFoundError: No such session or turn in the organisation.
+        """
+        await self._session_for(principal, UseCase.SESSIONS_READ, org_id, session_id)
+        turn = await self.turns.get(org_id, session_id, turn_id)
+        events = await self.store.diagnostics(org_id, session_id=session_id, turn_id=turn_id)
+        return Diagnosis.of(turn.id, turn.status.value, events)
 
     async def run_status(
         self, org_id: str, run_id: UUID, *, principal: Principal | None = None
@@ -941,6 +983,7 @@ class Runtime:
             reason = _turn_failure(exc)
             with contextlib.suppress(TurnLeaseLostError):
                 await self.turns.fail(lease, reason)
+            metrics.record(metrics.TURNS_FINISHED, org=session.org_id, outcome="failed")
             raise
         finally:
             renewing.cancel()
@@ -1038,14 +1081,19 @@ class Runtime:
                 ``sessions.max_pending_turns`` turns not ended (busy: try again later).
             InvalidRequestError: The message is empty.
         """
-        session = await self.authorize_turn(org_id, session_id, principal)
-        return await self.turns.accept(
-            org_id,
-            session.id,
-            principal.id,
-            message,
-            max_pending=self.settings.sessions.max_pending_turns,
-        )
+        try:
+            session = await self.authorize_turn(org_id, session_id, principal)
+            return await self.turns.accept(
+                org_id,
+                session.id,
+                principal.id,
+                message,
+                max_pending=self.settings.sessions.max_pending_turns,
+            )
+        except ConflictError as exc:
+            reason = "ended" if "has ended" in str(exc) else "busy"
+            metrics.record(metrics.TURNS_REJECTED, org=org_id, reason=reason)
+            raise
 
     async def get_turn(
         self,

@@ -36,6 +36,7 @@ __all__ = [
     "DECIDE_SETTINGS",
     "PROJECT_VARIABLES",
     "ApiOptions",
+    "DiagnosticsOptions",
     "Fusion",
     "IngestJobOptions",
     "LocalSpans",
@@ -333,6 +334,30 @@ class IngestJobOptions(BaseModel):
     )
 
 
+class DiagnosticsOptions(BaseModel):
+    """Per-run and per-turn diagnostic timelines: ``Settings.diagnostics``,
+    ``CORTEX_DIAGNOSTICS__<FIELD>`` (``cortex-ray diagnose RUN_ID``; docs/operations.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(default=True, description="keep a diagnostic timeline per run and turn")
+    retention_days: float = Field(
+        default=7.0, gt=0, description="timeline events older than this are deleted"
+    )
+    max_events: int = Field(
+        default=2000, ge=10, description="events kept per run or turn; later ones are counted"
+    )
+    max_value_chars: int = Field(
+        default=2000, ge=64, description="largest text kept per value (after scrubbing)"
+    )
+    stall_after_s: float = Field(
+        default=30.0, gt=0, description="a model call running this long is noted as a stall"
+    )
+    loop_repeats: int = Field(
+        default=3, ge=2, description="the same call proposed this often in a run is a loop"
+    )
+
+
 class LocalSpans(StrEnum):
     """Whether finished spans are also kept in the database (``cortex-ray trace RUN_ID``)."""
 
@@ -609,6 +634,7 @@ class Settings(BaseSettings):
     knowledge: RetrievalConfig = Field(default_factory=RetrievalConfig)
     ingest: IngestJobOptions = Field(default_factory=IngestJobOptions)
     tracing: TracingOptions = Field(default_factory=TracingOptions)
+    diagnostics: DiagnosticsOptions = Field(default_factory=DiagnosticsOptions)
 
     @classmethod
     def settings_customise_sources(

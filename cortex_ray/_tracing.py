@@ -90,6 +90,7 @@ __all__ = [
     "outgoing_traceparent",
     "server_span",
     "start_child_span",
+    "submission_span",
     "tracer",
 ]
 
@@ -172,10 +173,20 @@ TRACE_CONTEXT = TraceContextTextMapPropagator()
 """W3C Trace Context (``traceparent``/``tracestate``): what crosses process boundaries."""
 
 
+def submission_span(name: str, attributes: Attributes = None) -> AbstractContextManager[trace.Span]:
+    """A span for submitting work that later runs elsewhere (a run, a turn), when nothing
+    else stands for the submission: with no current span (a Python caller, the CLI) it is
+    the real root that every attempt's spans hang under, so a collector sees one tree with
+    no missing parent. Inside a span (an HTTP request's) it is that span, and nothing new."""
+    if active_provider() is None or trace.get_current_span().get_span_context().is_valid:
+        return nullcontext(trace.get_current_span())
+    return tracer.start_as_current_span(name, attributes)
+
+
 def current_traceparent() -> str | None:
     """The W3C ``traceparent`` a new run should belong to: the current span's (an HTTP
-    request, a caller's own span), else a fresh one standing for the run; ``None`` when
-    nothing records spans (no cost, nothing stored)."""
+    request, a caller's own span, a :func:`submission_span`), else a fresh one standing for
+    the run; ``None`` when nothing records spans (no cost, nothing stored)."""
     if active_provider() is None:
         return None
     ctx = trace.get_current_span().get_span_context()

@@ -36,6 +36,8 @@ __all__ = [
     "ProceduralProposal",
     "ProposalStatus",
     "RecordedToolCall",
+    "RunCost",
+    "RunLoop",
     "RunStatus",
     "ScoredMemory",
     "Session",
@@ -432,6 +434,50 @@ class Step(_Model):
     column, read only by ``Store.get_run(..., recordings=True)``, never shown with the step log)."""
 
 
+class RunLoop(_Model):
+    """A call the run proposed over and over: the same tool with the same arguments."""
+
+    tool: str
+    args_sha: str
+    """A digest of the canonical JSON of the arguments (they may hold anything)."""
+    repeats: int
+    first_step: int
+    last_step: int
+
+
+class RunCost(_Model):
+    """What a run spent, added up over its attempts: seconds in line before its first step
+    (``queue_s``), in model calls, embedding calls and tool calls, in all (``wall_s``: the
+    attempts' own time), tokens in and out, and the loops seen."""
+
+    attempts: int = 0
+    queue_s: float = 0.0
+    wall_s: float = 0.0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    model_calls: int = 0
+    model_s: float = 0.0
+    embed_calls: int = 0
+    embed_s: float = 0.0
+    tool_calls: int = 0
+    tool_s: float = 0.0
+    loops: tuple[RunLoop, ...] = ()
+
+    def plus(self, other: RunCost) -> RunCost:
+        """This cost and ``other``'s added up (a later attempt's loops replace earlier ones
+        for the same call)."""
+        loops = {(lp.tool, lp.args_sha): lp for lp in self.loops}
+        loops.update({(lp.tool, lp.args_sha): lp for lp in other.loops})
+        summed = {
+            name: round(getattr(self, name) + getattr(other, name), 4)
+            if isinstance(getattr(self, name), float)
+            else getattr(self, name) + getattr(other, name)
+            for name in RunCost.model_fields
+            if name != "loops"
+        }
+        return RunCost(**summed, loops=tuple(loops.values()))
+
+
 class TaskRun(_Model):
     """One autonomous run of an agent against a goal, with its step log."""
 
@@ -457,6 +503,9 @@ class TaskRun(_Model):
     )
     trace_attempt: str | None = Field(
         default=None, description="span id of the latest attempt's invoke_agent span"
+    )
+    cost: RunCost | None = Field(
+        default=None, description="tokens and seconds spent, over the attempts so far"
     )
 
     def objective(self) -> str:

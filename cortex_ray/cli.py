@@ -640,6 +640,32 @@ def trace_command(
     _execute(work())
 
 
+@app.command("diagnose")
+def diagnose_command(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="The timeline as JSON.")] = False,
+) -> None:
+    """Print a run's diagnostic timeline: each attempt, model call (model, schema, time,
+    tokens), decision with its candidates and scores, tool call with its input and result
+    (scrubbed), retrieval evidence, stall and loop, and how it ended, with what it cost.
+    Exit code 3 when the run is stalled now."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        key = _parse_uuid(run_id, "run")
+        async with _runtime(with_models=False) as runtime:
+            found = await runtime.run_diagnostics(org, key, principal=_operator(org))
+        if as_json:
+            _out.print_json(found.model_dump_json())
+        else:
+            for line in found.lines():
+                _out.print(line, highlight=False, markup=False, soft_wrap=True)
+        return 3 if found.stalled else 0
+
+    _execute(work())
+
+
 @runs_app.command("resume")
 def runs_resume(
     ctx: typer.Context,

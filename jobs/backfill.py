@@ -11,6 +11,7 @@ the ingestion job: ``ray job submit --working-dir . -- python -m jobs.backfill .
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Annotated, Any
@@ -19,6 +20,7 @@ import numpy as np
 import typer
 from numpy.typing import NDArray
 
+from actors import local_ray_address
 from cortex_ray import CortexError, Interrupted, load_settings, reclaim_signals, stop_on_signals
 from cortex_ray.knowledge import KnowledgeWriter
 from cortex_ray.storage import migrate
@@ -130,7 +132,11 @@ def main(
     try:
         migrate(dsn)
         if not ray.is_initialized():
-            ray.init(address=address, log_to_driver=False)
+            # --address, RAY_ADDRESS, or the local stack's Ray if one runs here (see ingest)
+            joined = (
+                address or os.environ.get("RAY_ADDRESS") or local_ray_address(settings.data_dir)
+            )
+            ray.init(address=joined, log_to_driver=False)
             started_ray = True
             reclaim_signals()  # ray.init replaced SIGTERM's handler
         n = backfill(

@@ -33,6 +33,7 @@ import typer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import ValidationError
 
+from actors import install_ray_metrics, local_ray_address
 from cortex_ray import (
     CortexError,
     IngestJobOptions,
@@ -51,7 +52,13 @@ from cortex_ray.knowledge import (
     ListedFile,
     list_files,
 )
-from cortex_ray.observability import Tracing, context_of, outgoing_traceparent, tracer
+from cortex_ray.observability import (
+    Tracing,
+    context_of,
+    metrics,
+    outgoing_traceparent,
+    tracer,
+)
 from cortex_ray.storage import EmbeddedPostgres, migrate
 from jobs._pipeline import (
     IngestOptions,
@@ -234,6 +241,7 @@ def _ingest(
         raise InvalidRequestError(f"no such file or folder: {', '.join(missing)}")
     if not ray.is_initialized():
         ray.init()
+    install_ray_metrics()  # the driver counts files, bytes and passages as they are done
     started = time.perf_counter()
     files: list[ListedFile] = list(list_files(paths))
     progress = Progress(total_files=len(files), total_bytes=sum(f.size for f in files))
@@ -318,7 +326,11 @@ def _count(
     status = row["status"]
     progress.files += 1
     progress.bytes += row["bytes"] - in_progress.pop(row["key"], 0)
+    org, collection = report.org, report.collection
+    metrics.record(metrics.INGEST_FILES, org=org, collection=collection, outcome=status)
     if status == "written":
+        metrics.record(metrics.INGEST_BYTES, row["bytes"], org=org, collection=collection)
+        metrics.record(metrics.INGEST_PASSAGES, row["passages"], org=org, collection=collection)
         report.read += 1
         report.bytes_read += row["bytes"]
         report.sections += row["sections"]
@@ -499,7 +511,16 @@ def main(
         if dsn:
             migrate(dsn)
         if not ray.is_initialized():
-            ray.init(address=address, num_cpus=job.num_cpus, log_to_driver=False)
+            # --address, RAY_ADDRESS, or the local stack's Ray (the demo, `python -m serve`)
+            # if one runs here: its dashboard then shows this job too; else a Ray of its own.
+            joined = (
+                address or os.environ.get("RAY_ADDRESS") or local_ray_address(settings.data_dir)
+            )
+            if joined:
+                typer.echo(f"==> joining the Ray at {joined}", err=True)
+                ray.init(address=joined, log_to_driver=False)
+            else:
+                ray.init(num_cpus=job.num_cpus, log_to_driver=False)
             started_ray = True
             reclaim_signals()  # ray.init replaced SIGTERM's handler
         with _Reporter(progress) as reporter:

@@ -44,12 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     options = ApiOptions.model_validate({**settings.api.model_dump(), **overrides})
     settings = settings.model_copy(update={"api": options})
     try:
-        with ray_driver() as driver:  # RAY_ADDRESS, or a local Ray
+        # RAY_ADDRESS, or a local Ray (dashboard on 127.0.0.1), announced in the data dir
+        with ray_driver(announce=settings.data_dir) as driver:
             api = run_local(settings, serve_models=not args.in_process_models)
             driver.callback(api.stop)
             print(
                 f"cortex-ray API on {api.url} (docs: {api.url}/docs); Ctrl-C stops it", flush=True
             )
+            if driver.dashboard_url:
+                print(f"Ray dashboard on {driver.dashboard_url}", flush=True)
             if api.models is not None:
                 print(f"models (OpenAI-compatible) on {api.models.openai_base_url}", flush=True)
             driver.wait()

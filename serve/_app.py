@@ -60,6 +60,7 @@ from serve._schemas import (
     AgentList,
     AgentUpdate,
     ApiError,
+    DiagnosticsBody,
     EvalCaseCreate,
     EvalRunCreate,
     EvalRunList,
@@ -815,6 +816,16 @@ def _org_router() -> APIRouter:
             run = await _wait_terminal(state, org, principal, run, wait)
         return from_run(run)
 
+    @router.get("/tasks/{task_id}/diagnostics", response_model=DiagnosticsBody, tags=["tasks"])
+    async def get_task_diagnostics(
+        state: StateDep, org: OrgPath, principal: MemberDep, task_id: UUID
+    ) -> DiagnosticsBody:
+        """A task run's diagnostic timeline over its attempts: model calls, decisions with
+        their candidates and scores, tool calls with input and result (scrubbed), retrieval
+        evidence, stalls, loops, the end, and what the run cost."""
+        found = await state.runtime.run_diagnostics(org, task_id, principal=principal)
+        return DiagnosticsBody.of(found)
+
     @router.get("/tasks/{task_id}/trace", response_model=TaskTrace, tags=["tasks"])
     async def get_task_trace(
         state: StateDep, org: OrgPath, principal: MemberDep, task_id: UUID
@@ -952,6 +963,19 @@ def _org_router() -> APIRouter:
             org, session_id, turn_id, principal=principal, wait_s=wait
         )
         return TurnStatusBody.of(turn)
+
+    @router.get(
+        "/sessions/{session_id}/turns/{turn_id}/diagnostics",
+        response_model=DiagnosticsBody,
+        tags=["sessions"],
+        responses={403: {"model": ApiError, "description": "another caller's session"}},
+    )
+    async def get_turn_diagnostics(
+        state: StateDep, org: OrgPath, principal: MemberDep, session_id: UUID, turn_id: UUID
+    ) -> DiagnosticsBody:
+        """A turn's diagnostic timeline (its session's caller, or an admin)."""
+        found = await state.runtime.turn_diagnostics(org, session_id, turn_id, principal=principal)
+        return DiagnosticsBody.of(found)
 
     @router.get(
         "/sessions/{session_id}/turns/{turn_id}/trace",

@@ -93,6 +93,9 @@ class _ApiReplica:
         executor: ExecutorFactory | None = None,
         options: ApiOptions | None = None,
     ) -> None:
+        from actors import install_ray_metrics
+
+        install_ray_metrics()  # this replica's API metrics (runs submitted, turns refused)
         self._runtime = runtime
         if executor is None and (runtime is None or isinstance(runtime, Settings)):
             executor = executor_for_settings

@@ -18,10 +18,12 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 import ray
 
+from actors import announce_local_ray
 from cortex_ray import Interrupted, SignalGuard, stop_on_signals
 
 __all__ = ["Interrupted", "RayDriver", "ray_driver"]
@@ -32,9 +34,13 @@ log = logging.getLogger("serve.lifecycle")
 class RayDriver:
     """The running entry point: what to undo when it stops, and how to wait for a signal."""
 
-    def __init__(self, guard: SignalGuard, stack: ExitStack) -> None:
+    def __init__(
+        self, guard: SignalGuard, stack: ExitStack, dashboard_url: str | None = None
+    ) -> None:
         self.guard = guard
         self._stack = stack
+        self.dashboard_url = dashboard_url
+        """The Ray dashboard of a Ray this entry point started (``None``: none, or not ours)."""
 
     def callback(self, stop: Callable[[], Any]) -> None:
         """Call ``stop()`` on the way out (last registered, first called)."""
@@ -64,19 +70,33 @@ def _shutdown_ray() -> None:
 
 
 @contextmanager
-def ray_driver(**init_kwargs: Any) -> Iterator[RayDriver]:
+def ray_driver(*, announce: Path | None = None, **init_kwargs: Any) -> Iterator[RayDriver]:
     """Ray for an entry point, and its clean stop on SIGINT, SIGTERM or leaving the block.
 
     ``init_kwargs`` go to ``ray.init`` when this process is not connected yet (with
-    ``RAY_ADDRESS`` set it connects there, otherwise it starts a local Ray). A Ray this block
-    did not initialise is left alone. :class:`Interrupted` propagates out of the block after
-    the clean-up: the caller picks the exit code (``exc.exit_code`` or 0).
+    ``RAY_ADDRESS`` set it connects there, otherwise it starts a local Ray, with its dashboard
+    on 127.0.0.1 unless ``include_dashboard=False``: the Ray dashboard and ``ray list
+    actors`` then work). A Ray this block did not initialise is left alone. With
+    ``announce`` (a data dir), a Ray it started is announced there for the other entry points
+    of this machine while it runs (``actors.announce_local_ray``). :class:`Interrupted`
+    propagates out of the block after the clean-up: the caller picks the exit code
+    (``exc.exit_code`` or 0).
     """
     with stop_on_signals() as guard, ExitStack() as stack:
+        dashboard: str | None = None
         if not ray.is_initialized():
-            ray.init(**init_kwargs)
+            init_kwargs.setdefault("include_dashboard", True)
+            if init_kwargs["include_dashboard"]:
+                init_kwargs.setdefault("dashboard_host", "127.0.0.1")
+            context = ray.init(**init_kwargs)
             stack.callback(_shutdown_ray)
             # ray.init installed its own SIGTERM handlers (Python's, and the core worker's
             # C++ one, which aborts): take both signals back.
             guard.install()
-        yield RayDriver(guard, stack)
+            if context.dashboard_url:
+                dashboard = f"http://{context.dashboard_url}"
+                log.info("Ray dashboard on %s", dashboard)
+            if announce is not None:
+                written = announce_local_ray(announce, ray.get_runtime_context().gcs_address)
+                stack.callback(written.unlink, missing_ok=True)
+        yield RayDriver(guard, stack, dashboard)

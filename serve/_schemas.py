@@ -60,6 +60,7 @@ from cortex_ray.evals import (
 )
 from cortex_ray.knowledge import Fusion, SearchHit, Tier
 from cortex_ray.observability import RunTrace
+from cortex_ray.observability.diagnostics import Diagnosis
 from cortex_ray.storage import SessionMessage, TurnRecord, TurnStatus
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "AgentList",
     "AgentUpdate",
     "ApiError",
+    "DiagnosticsBody",
     "ErrorBody",
     "ErrorDetail",
     "EvalCaseCreate",
@@ -573,6 +575,35 @@ class TaskTrace(_Out):
         )
 
 
+class DiagnosticEventBody(_Out):
+    """One event of a diagnostic timeline (its data scrubbed and bounded when written)."""
+
+    seq: int = Field(description="order within the attempt or turn (1, 2, ...)")
+    at: datetime
+    kind: str = Field(
+        description="attempt, request, model_call, decision, tool_call, retrieval, stall, "
+        "loop, terminal, failure, truncated"
+    )
+    step: int | None = Field(description="the step of a run it belongs to")
+    data: dict[str, Any]
+
+
+class DiagnosticsBody(_Out):
+    """A run's or a turn's diagnostic timeline (docs/operations.md, "Diagnostics")."""
+
+    id: UUID = Field(description="the run's id, or the turn's")
+    status: str
+    stalled: bool = Field(description="a model call has not answered past the stall threshold")
+    stalls: int
+    loops: int
+    cost: RunCostBody | None = Field(description="a run's cost (null for a turn)")
+    events: list[DiagnosticEventBody]
+
+    @classmethod
+    def of(cls, found: Diagnosis) -> DiagnosticsBody:
+        return cls.model_validate(found.model_dump())
+
+
 class TurnTrace(_Out):
     """The locally kept trace a turn belongs to: the request it was accepted in and the
     turn's spans, wherever it was driven (empty for a turn accepted without tracing)."""
@@ -592,7 +623,35 @@ class TurnTrace(_Out):
         )
 
 
+class RunLoopBody(_Out):
+    tool: str
+    args_sha: str = Field(description="digest of the canonical JSON of the arguments")
+    repeats: int
+    first_step: int
+    last_step: int
+
+
+class RunCostBody(_Out):
+    """What a run spent over its attempts (seconds and tokens), and the loops it showed."""
+
+    attempts: int
+    queue_s: float = Field(description="submitted → first step")
+    wall_s: float = Field(description="the attempts' own time")
+    tokens_in: int
+    tokens_out: int
+    model_calls: int
+    model_s: float
+    embed_calls: int
+    embed_s: float
+    tool_calls: int
+    tool_s: float
+    loops: list[RunLoopBody]
+
+
 class TaskBody(TaskSummary):
+    cost: RunCostBody | None = Field(
+        default=None, description="tokens and seconds spent so far (null before any attempt)"
+    )
     steps: list[StepBody]
     steps_json: str = Field(
         description="the same step log as `steps`, serialised as a JSON string (the seed's "
@@ -624,7 +683,8 @@ def from_run(run: TaskRun, *, with_steps: bool = True) -> TaskBody | TaskSummary
         serialised = json.dumps(
             [s.model_dump(mode="json", by_alias=True) for s in steps], ensure_ascii=False
         )
-        return TaskBody(**_summary_fields(run), steps=steps, steps_json=serialised)
+        cost = None if run.cost is None else RunCostBody.model_validate(run.cost.model_dump())
+        return TaskBody(**_summary_fields(run), cost=cost, steps=steps, steps_json=serialised)
     return TaskSummary(**_summary_fields(run))
 
 

@@ -390,6 +390,15 @@ async def test_task_runs_to_completion_with_its_step_log(
         f"/api/orgs/{tenant.org}/tasks/{uuid.uuid4()}/trace", headers=tenant.auth(tenant.user)
     )
     assert r.status_code == 404
+    # Its diagnostic timeline and what it cost.
+    r = await client.get(f"{accepted['location']}/diagnostics", headers=tenant.auth(tenant.user))
+    assert r.status_code == 200, r.text
+    diagnosed = r.json()
+    kinds = [e["kind"] for e in diagnosed["events"]]
+    assert kinds[0] == "attempt" and kinds[-1] == "terminal" and "tool_call" in kinds
+    assert diagnosed["id"] == task["id"] and diagnosed["stalled"] is False
+    assert diagnosed["cost"]["attempts"] == 1 and diagnosed["cost"]["toolCalls"] == 1
+    assert task["cost"] == diagnosed["cost"] and task["cost"]["wallS"] > 0
 
     # By the agent's name too; and the list shows both runs, newest first.
     r = await client.post(
@@ -744,6 +753,7 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
         "list_tasks": ("GET", f"{base}/tasks", {}),
         "get_task": ("GET", f"{base}/tasks/{{task_id}}", {}),
         "get_task_trace": ("GET", f"{base}/tasks/{{task_id}}/trace", {}),
+        "get_task_diagnostics": ("GET", f"{base}/tasks/{{task_id}}/diagnostics", {}),
         "cancel_task": ("POST", f"{base}/tasks/{{task_id}}/cancel", {}),
         "create_session": ("POST", f"{base}/sessions", {"json": {"agentId": estate.chat["id"]}}),
         "get_session": ("GET", f"{base}/sessions/{{session_id}}", {}),
@@ -757,6 +767,11 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
         "get_turn": ("GET", f"{base}/sessions/{{session_id}}/turns/{{turn_id}}", {}),
         "turn_events": ("GET", f"{base}/sessions/{{session_id}}/turns/{{turn_id}}/events", {}),
         "get_turn_trace": ("GET", f"{base}/sessions/{{session_id}}/turns/{{turn_id}}/trace", {}),
+        "get_turn_diagnostics": (
+            "GET",
+            f"{base}/sessions/{{session_id}}/turns/{{turn_id}}/diagnostics",
+            {},
+        ),
         "list_tools": ("GET", f"{base}/tools", {"params": {"agentId": estate.chat["id"]}}),
         "call_tool": (
             "POST",

@@ -162,14 +162,20 @@ def test_run_without_a_model_fails_at_once_and_can_be_shown(
     assert traced.returncode == 0, traced.stderr
     lines = traced.stdout.splitlines()
     assert lines[0].startswith(f"run {run_id}: ") and "1 trace(s)" in lines[0]
-    assert lines[1].startswith("invoke_agent idle") and "ERROR" in lines[1]  # the run failed
-    assert any(line.startswith("  step 0") for line in lines)
-    assert any(line.startswith("    decide") for line in lines)
+    assert lines[1].startswith("submit_task idle")  # the submission, then its attempt
+    assert lines[2].startswith("  invoke_agent idle") and "ERROR" in lines[2]  # the run failed
+    assert any(line.startswith("    step 0") for line in lines)
+    assert any(line.startswith("      decide") for line in lines)
     as_json = cortex(cli_env, "--org", org, "trace", run_id, "--json")
     spans = json.loads(as_json.stdout)["spans"]
     assert spans[0]["attributes"]["cortex.run_id"] == run_id
     assert_one_line_error(cortex(cli_env, "--org", f"{org}-other", "trace", run_id), 1, "not found")
     assert_one_line_error(cortex(cli_env, "--org", org, "trace", "nope"), 2, "not a run id")
+    diagnosed = cortex(cli_env, "--org", org, "diagnose", run_id)
+    assert diagnosed.returncode == 0, diagnosed.stderr
+    first, *events = diagnosed.stdout.splitlines()
+    assert first.startswith(f"{run_id}: FAILED")
+    assert any(" attempt " in e for e in events) and any(" terminal " in e for e in events)
 
     # Resuming a run that already ended changes nothing and says so.
     resumed = cortex(cli_env, "--org", org, "runs", "resume", run_id, CORTEX_MODEL_BACKEND="none")

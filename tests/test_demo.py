@@ -56,3 +56,69 @@ def test_the_main_job_runs_a_task_through_the_api_on_ray_serve() -> None:
         assert f"cortex-ray --org demo runs show {task_id[1]}" in done.stdout
     finally:
         shutil.rmtree(data, ignore_errors=True)
+
+
+def test_the_local_stack_shows_its_actors_and_ingestion_joins_its_ray(tmp_path: Path) -> None:
+    """``python -m serve`` starts Ray with its dashboard on 127.0.0.1, so ``ray list actors``
+    answers; ``cortex-ray ingest`` on the same machine joins that Ray (announced in the data
+    dir) instead of starting a second one; the announcement goes when the stack stops."""
+    import json
+    import signal
+    import time
+
+    data = tmp_path / "data"
+    env = {
+        **os.environ,
+        "CORTEX_DATA_DIR": str(data),
+        "CORTEX_MODEL_BACKEND": "none",
+        "CORTEX_EMBEDDING_BACKEND": "hash",
+        "CORTEX_API__PORT": "8019",
+        "HF_HUB_OFFLINE": "1",
+    }
+    env.pop("CORTEX_DATABASE_URL", None)
+    env.pop("RAY_ADDRESS", None)
+    log = (tmp_path / "serve.log").open("w+")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "serve"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while "Ray dashboard on http://127.0.0.1:" not in (
+            out := (tmp_path / "serve.log").read_text()
+        ):
+            assert server.poll() is None and time.monotonic() < deadline, out[-3000:]
+            time.sleep(0.5)
+        dashboard = re.search(r"Ray dashboard on (http://127\.0\.0\.1:\d+)", out)
+        assert dashboard is not None
+        assert (data / "ray-address").exists()
+
+        ray_cli = str(Path(sys.executable).with_name("ray"))
+        listed = subprocess.run(
+            [ray_cli, "list", "actors", "--address", dashboard[1], "--format", "json",
+             "--limit", "1000"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert listed.returncode == 0, listed.stderr[-2000:]
+        classes = {a.get("class_name") for a in json.loads(listed.stdout)}
+        assert "ServeController" in classes, classes
+
+        corpus = tmp_path / "corpus"
+        corpus.mkdir()
+        (corpus / "guide.md").write_text("# Guide\n\nRun the installer.\n")
+        ingest = subprocess.run(
+            [str(Path(sys.executable).with_name("cortex-ray")), "--org", "demo", "ingest",
+             "handbook", str(corpus), "--no-embed"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert ingest.returncode == 0, ingest.stderr[-3000:]
+        address = (data / "ray-address").read_text().strip()
+        assert f"==> joining the Ray at {address}" in ingest.stderr
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        finally:
+            if server.poll() is None:
+                server.kill()
+            log.close()
+    assert not (data / "ray-address").exists()

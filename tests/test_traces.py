@@ -5,7 +5,7 @@ decision on tool spans, content capture off by default and scrubbed when on."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -85,14 +85,20 @@ async def test_a_run_is_one_connected_tree_of_genai_spans(open_runtime, org: str
 
     trace = await runtime.run_trace(org, run.id)
     assert len(trace.trace_ids) == 1 and trace.spans
-    (root,) = [s for s in trace.spans if s.depth == 0]
+    # Submitted outside any span: a span of the submission is the root, so that a collector
+    # sees a tree with no missing parent; every attempt hangs under it.
+    (submitted,) = [s for s in trace.spans if s.depth == 0]
+    assert submitted.name == "submit_task clock" and run.trace_parent is not None
+    assert submitted.attributes["cortex.run_id"] == str(run.id)
+    assert run.trace_parent.split("-")[2] == submitted.span_id
+    (root,) = [s for s in trace.spans if s.depth == 1]
     assert root.name == "invoke_agent clock" and root.status != "ERROR"
     assert root.attributes["gen_ai.operation.name"] == "invoke_agent"
     assert root.attributes["gen_ai.agent.id"] == str(agent.id)
     assert root.attributes["cortex.run_id"] == str(run.id)
     assert root.attributes["cortex.status"] == "COMPLETED"
     ids = {s.span_id for s in trace.spans}
-    assert all(s.parent_span_id in ids for s in trace.spans if s is not root)  # connected
+    assert all(s.parent_span_id in ids for s in trace.spans if s is not submitted)  # connected
 
     steps = by_name(trace, "step ")
     assert [s.name for s in steps] == ["step 0", "step 1"]
@@ -114,7 +120,7 @@ async def test_a_run_is_one_connected_tree_of_genai_spans(open_runtime, org: str
 
     lines = waterfall(trace)
     assert len(lines) == len(trace.spans)
-    assert lines[0].startswith("invoke_agent clock") and "execute_tool current_time" in "".join(
+    assert lines[0].startswith("submit_task clock") and "execute_tool current_time" in "".join(
         lines
     )
     assert any("[GROUNDING, allowed]" in line for line in lines)
@@ -138,7 +144,7 @@ async def test_a_failed_run_and_a_denied_tool_are_errors_in_the_trace(
     run = await runtime.run_autonomous(org, agent.id, "remember something", max_steps=2)
     assert run.status is RunStatus.FAILED
     trace = await runtime.run_trace(org, run.id)
-    root = trace.spans[0]
+    (root,) = by_name(trace, "invoke_agent denied")
     assert root.status == "ERROR" and root.attributes["cortex.status"] == "FAILED"
     assert root.status_message and "remember" not in root.name
     # ... and the gate itself, asked for it anyway, denies it: the span says so.
@@ -216,7 +222,7 @@ async def test_a_resumed_run_continues_its_trace_and_links_the_crashed_attempt(
     runtime = await open_runtime(model)
     agent = await runtime.create_agent(org, "phoenix", mode=AgentMode.AUTONOMOUS)
     run = await runtime.start_run(org, agent.id, "what time is it", max_steps=4)
-    assert run.trace_parent is not None  # a fresh context stands for the run
+    assert run.trace_parent is not None  # the submission's span stands for the run
 
     def crash(step: Any) -> None:
         raise RuntimeError("process died")
@@ -252,3 +258,120 @@ async def test_a_run_started_inside_a_callers_span_joins_its_trace(open_runtime,
     names = {s.name: s for s in trace.spans}
     assert names["invoke_agent joiner"].parent_span_id == format(ctx.span_id, "016x")
     assert names["caller"].depth == 0 and names["invoke_agent joiner"].depth == 1
+
+
+# --- a real OTLP receiver ---------------------------------------------------------------------
+
+
+def _phoenix() -> str | None:
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[1] / ".venv" / "tools" / "phoenix" / "bin"
+    return str(shipped / "phoenix") if (shipped / "phoenix").exists() else None
+
+
+@pytest.fixture(scope="module")
+def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Arize Phoenix (an OTLP collector with a UI that reads GenAI spans), in its own venv
+    (./dev setup), on free ports; its base URL."""
+    import os
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    binary = _phoenix()
+    if binary is None:
+        pytest.skip("no Phoenix: ./dev setup installs arize-phoenix into .venv/tools/phoenix")
+
+    def free() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    home = tmp_path_factory.mktemp("phoenix")
+    port = free()
+    env = {
+        **os.environ,
+        "PHOENIX_WORKING_DIR": str(home),
+        "PHOENIX_HOST": "127.0.0.1",
+        "PHOENIX_PORT": str(port),
+        "PHOENIX_GRPC_PORT": str(free()),
+    }
+    log = (home / "log").open("w")
+    proc = subprocess.Popen([binary, "serve"], env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/healthz", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise AssertionError((home / "log").read_text()[-3000:]) from None
+                time.sleep(0.25)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+async def test_a_runs_spans_reach_a_real_otlp_collector(
+    phoenix: str, open_runtime, org: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the standard OTLP variables set, a run's spans go to Phoenix over OTLP/HTTP (and
+    are not kept locally); Phoenix reads them back as one trace and recognises the GenAI
+    operations: the agent invocation, the model calls and the tool call."""
+    import asyncio
+    import uuid
+
+    import httpx2
+
+    project = f"cortex-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{phoenix}/v1/traces")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", f"openinference.project.name={project}")
+    model = ScriptedModelClient(
+        responder=plan(
+            [
+                {"tool": "current_time", "args": {}, "rationale": "need the time"},
+                {"finish": True, "message": "It is late.", "rationale": "done"},
+            ]
+        )
+    )
+    runtime = await open_runtime(model)
+    assert runtime.tracing is not None and runtime.tracing.sinks == ("otlp",)
+    agent = await runtime.create_agent(org, "exported", mode=AgentMode.AUTONOMOUS)
+    run = await runtime.run_autonomous(org, agent.id, "what time is it", max_steps=4)
+    assert run.status is RunStatus.COMPLETED
+    assert (await runtime.run_trace(org, run.id)).spans == []  # sent away, not kept here
+    assert runtime.tracing.flush()
+
+    spans: list[dict[str, Any]] = []
+    for _ in range(40):  # Phoenix writes what it received in the background
+        url = f"{phoenix}/v1/projects/{project}/spans?limit=200"
+        async with httpx2.AsyncClient(timeout=5) as client:
+            r = await client.get(url)
+        # 404 until the project's first span is written
+        spans = r.json()["data"] if r.status_code == 200 else []
+        if any(s["name"] == "invoke_agent exported" for s in spans):
+            break
+        await asyncio.sleep(0.25)
+    names = {s["name"] for s in spans}
+    for name in ["invoke_agent exported", "step 0", "perceive", "decide", "learn"]:
+        assert name in names, names
+    assert {s["context"]["trace_id"] for s in spans} == {spans[0]["context"]["trace_id"]}
+    ids = {s["context"]["span_id"] for s in spans}
+    (root,) = [s for s in spans if s["parent_id"] is None]
+    assert root["name"] == "submit_task exported"  # the submission, in the caller's process
+    assert all(s["parent_id"] in ids for s in spans if s is not root)  # one connected tree
+    (invocation,) = [s for s in spans if s["name"] == "invoke_agent exported"]
+    assert invocation["parent_id"] == root["context"]["span_id"]
+    kinds = {s["name"]: s["span_kind"] for s in spans}
+    assert kinds["invoke_agent exported"] == "AGENT"
+    assert kinds[f"chat {model.name}"] == "LLM"
+    assert kinds["execute_tool current_time"] == "TOOL"
+    (tool,) = [s for s in spans if s["name"] == "execute_tool current_time"]
+    assert tool["attributes"]["cortex.action_type"] == "GROUNDING"
+    assert tool["attributes"]["cortex.access"] == "allowed"

@@ -44,7 +44,7 @@ from cortex_ray._types import (
 )
 from cortex_ray.access import AccessControlService
 from cortex_ray.act._tools import Tool, ToolContext, ToolRegistry
-from cortex_ray.observability import captured
+from cortex_ray.observability import captured, diagnostics, metrics
 from cortex_ray.storage import AuditEntry, Store
 
 __all__ = ["Dispatch", "InvocationContext", "ToolDispatcher", "ToolHook"]
@@ -210,8 +210,9 @@ class ToolDispatcher:
                     "args": args if isinstance(args, dict) else {},
                 }
             )
+            access = _access(observation.status, reason)
             span.set_attribute("cortex.status", observation.status.value)
-            span.set_attribute("cortex.access", _access(observation.status, reason))
+            span.set_attribute("cortex.access", access)
             if observation.status is not ObservationStatus.OK:
                 span.set_status(Status(StatusCode.ERROR, observation.status.value))
             tracing = self.settings.tracing
@@ -223,6 +224,34 @@ class ToolDispatcher:
                     GEN_AI_TOOL_CALL_RESULT,
                     captured(observation.output, tracing.max_content_chars),
                 )
+        org, agent = ctx.agent.org_id, ctx.agent.name
+        metrics.record(
+            metrics.TOOL_CALLS,
+            org=org,
+            agent=agent,
+            tool=tool_name,
+            category=action_type.value,
+            outcome=observation.status.value,
+        )
+        metrics.record(
+            metrics.TOOL_DURATION,
+            duration_ms / 1000,
+            org=org,
+            tool=tool_name,
+            category=action_type.value,
+        )
+        if access == "denied":
+            metrics.record(metrics.ACCESS_DENIALS, org=org, agent=agent, tool=tool_name)
+        diagnostics.tool_call(
+            tool_name,
+            category=action_type.value,
+            access=access,
+            status=observation.status.value,
+            seconds=duration_ms / 1000,
+            args=args,
+            output=observation.output,
+            reason=reason,
+        )
         log.info(
             "dispatch tool=%s category=%s status=%s principal=%s run=%s step=%s %.1fms%s",
             tool_name,

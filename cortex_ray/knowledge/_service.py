@@ -39,6 +39,7 @@ from cortex_ray.knowledge._sql import (
 )
 from cortex_ray.knowledge._types import Fusion, RetrievalConfig, SearchHit, SearchResult, Tier
 from cortex_ray.models import Embedder, Reranker, embed
+from cortex_ray.observability import diagnostics, metrics
 from cortex_ray.storage import Conn, Database
 
 __all__ = ["KnowledgeService", "Publication", "citation", "fuse"]
@@ -386,23 +387,50 @@ class KnowledgeService:
                 "cortex.k": k,
             },
         ) as span:
-            result = await self._search(
-                org_id,
-                query,
-                collection=collection,
+            started = time.perf_counter()
+            try:
+                result = await self._search(
+                    org_id,
+                    query,
+                    collection=collection,
+                    k=k,
+                    fusion=fusion,
+                    bm25_weight=bm25_weight,
+                    tiers=tiers,
+                    rerank=rerank,
+                    lazy=lazy,
+                    track_usage=track_usage,
+                )
+            except BaseException:
+                self._searched(org_id, started, "error")
+                raise
+            self._searched(org_id, started, "ok")
+            diagnostics.note(
+                "retrieval",
+                collections=names,
                 k=k,
-                fusion=fusion,
-                bm25_weight=bm25_weight,
-                tiers=tiers,
-                rerank=rerank,
-                lazy=lazy,
-                track_usage=track_usage,
+                fusion=result.fusion.value,
+                tiers=[t.value for t in result.tiers],
+                reranker=result.reranker,
+                skipped=result.skipped,
+                evidence=[h.passage_id for h in result.hits],
+                citations=[h.citation for h in result.hits[:10]],
+                timings_ms=result.timings_ms,
             )
             span.set_attribute("cortex.hits", len(result.hits))
             span.set_attribute("cortex.fusion", result.fusion.value)
             span.set_attribute("cortex.reranker", result.reranker or "none")
             span.set_attribute("cortex.tiers", [t.value for t in result.tiers])
             return result
+
+    @staticmethod
+    def _searched(org_id: str, started: float, outcome: str) -> None:
+        metrics.record(
+            metrics.KNOWLEDGE_SEARCH_DURATION,
+            time.perf_counter() - started,
+            org=org_id,
+            outcome=outcome,
+        )
 
     async def _search(
         self,

@@ -29,8 +29,8 @@ from cortex_ray._tracing import (
     tracer,
 )
 from cortex_ray._types import ModelExchange, RecordedToolCall
-from cortex_ray.models._protocol import ChatRequest, ChatResponse, ModelClient
-from cortex_ray.observability import bound_messages, captured
+from cortex_ray.models._protocol import ChatRequest, ChatResponse, ModelClient, Usage
+from cortex_ray.observability import bound_messages, captured, diagnostics, metrics
 
 __all__ = ["RecordingModelClient", "exchange", "recording", "request_digest"]
 
@@ -118,7 +118,28 @@ class RecordingModelClient:
                 limit = self._capture.max_content_chars
                 messages = bound_messages([m.to_openai() for m in request.messages], limit)
                 span.set_attribute(GEN_AI_INPUT_MESSAGES, json.dumps(messages))
-            response = await self.inner.chat(request)
+            schema = request.schema_name if request.response_schema else "text"
+            try:
+                with diagnostics.StallWatch(self.inner.name):
+                    response = await self.inner.chat(request)
+            except BaseException as exc:
+                model_call_done("chat", self.inner.name, started, "error")
+                diagnostics.model_call(
+                    self.inner.name,
+                    schema=schema,
+                    seconds=time.perf_counter() - started,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                raise
+            model_call_done("chat", self.inner.name, started, "ok", response.usage)
+            diagnostics.model_call(
+                self.inner.name,
+                schema=schema,
+                seconds=time.perf_counter() - started,
+                tokens_in=response.usage.prompt_tokens,
+                tokens_out=response.usage.completion_tokens,
+                finish_reason=response.finish_reason,
+            )
             span.set_attribute(GEN_AI_USAGE_INPUT_TOKENS, response.usage.prompt_tokens)
             span.set_attribute(GEN_AI_USAGE_OUTPUT_TOKENS, response.usage.completion_tokens)
             if response.finish_reason:
@@ -144,3 +165,26 @@ class RecordingModelClient:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def model_call_done(
+    operation: str, model: str, started: float, outcome: str, usage: Usage | None = None
+) -> None:
+    """Record a model call's duration and, for chat, its input and output tokens."""
+    metrics.record(
+        metrics.MODEL_DURATION,
+        time.perf_counter() - started,
+        gen_ai_operation_name=operation,
+        gen_ai_request_model=model,
+        outcome=outcome,
+    )
+    if usage is None:
+        return
+    for kind, tokens in (("input", usage.prompt_tokens), ("output", usage.completion_tokens)):
+        metrics.record(
+            metrics.MODEL_TOKENS,
+            tokens,
+            gen_ai_operation_name=operation,
+            gen_ai_request_model=model,
+            gen_ai_token_type=kind,
+        )

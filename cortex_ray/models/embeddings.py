@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -20,6 +21,7 @@ from numpy.typing import NDArray
 
 from cortex_ray._exceptions import ConfigurationError
 from cortex_ray._tracing import GEN_AI_OPERATION_NAME, GEN_AI_REQUEST_MODEL, SpanKind, tracer
+from cortex_ray.observability import diagnostics, metrics
 
 __all__ = [
     "Embedder",
@@ -59,7 +61,25 @@ async def embed(embedder: Embedder, texts: list[str]) -> NDArray[np.float32]:
         },
         kind=SpanKind.CLIENT,
     ):
-        return await embedder.embed(texts)
+        started = time.perf_counter()
+        try:
+            vectors = await embedder.embed(texts)
+        except BaseException:
+            _embedded(name, started, "error")
+            raise
+        _embedded(name, started, "ok")
+        return vectors
+
+
+def _embedded(model: str, started: float, outcome: str) -> None:
+    diagnostics.embedded(time.perf_counter() - started)
+    metrics.record(
+        metrics.MODEL_DURATION,
+        time.perf_counter() - started,
+        gen_ai_operation_name="embeddings",
+        gen_ai_request_model=model,
+        outcome=outcome,
+    )
 
 
 def packaged_minilm_path() -> Path:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import secrets
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -30,6 +30,7 @@ from cortex_ray._types import (
     Observation,
     Principal,
     PrincipalKind,
+    RunCost,
     RunStatus,
     Session,
     SessionStatus,
@@ -40,6 +41,7 @@ from cortex_ray._types import (
     utcnow,
 )
 from cortex_ray.observability import scrub, scrub_text
+from cortex_ray.observability.diagnostics import DiagnosticEvent
 from cortex_ray.storage._database import Conn, Database
 
 __all__ = ["AuditEntry", "Store"]
@@ -131,6 +133,7 @@ def _run(row: dict[str, Any], steps: Sequence[Step] = ()) -> TaskRun:
         finished_at=row["finished_at"],
         trace_parent=row.get("trace_parent"),
         trace_attempt=row.get("trace_attempt"),
+        cost=None if row.get("cost") is None else RunCost.model_validate(row["cost"]),
     )
 
 
@@ -233,6 +236,7 @@ class Store:
     """Typed reads and writes of organisations, principals, agents, runs, sessions and audit."""
 
     def __init__(self, db: Database) -> None:
+        self._diagnostics_pruned: datetime | None = None
         self.db = db
 
     # organisations and principals ---------------------------------------------------------
@@ -779,6 +783,85 @@ class Store:
                 (org_id, run_id, run_id, gate_only),
             )
             return list(await cur.fetchall())
+
+    async def add_run_cost(self, org_id: str, run_id: UUID, cost: RunCost) -> RunCost:
+        """Add one attempt's cost to the run's (``task_runs.cost``); returns the sum."""
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                "SELECT cost FROM task_runs WHERE org_id = %s AND id = %s FOR UPDATE",
+                (org_id, run_id),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise NotFoundError(f"no run {run_id}")
+            before = RunCost() if row["cost"] is None else RunCost.model_validate(row["cost"])
+            total = before.plus(cost)
+            await conn.execute(
+                "UPDATE task_runs SET cost = %s WHERE org_id = %s AND id = %s",
+                (Jsonb(total.model_dump(mode="json")), org_id, run_id),
+            )
+        return total
+
+    async def append_diagnostics(
+        self,
+        org_id: str,
+        events: Sequence[DiagnosticEvent],
+        *,
+        run_id: UUID | None = None,
+        session_id: UUID | None = None,
+        turn_id: UUID | None = None,
+        retention_days: float | None = None,
+    ) -> None:
+        """Append timeline events (already scrubbed and bounded); with ``retention_days``,
+        delete rows older than that about once an hour."""
+        rows = [
+            (org_id, run_id, session_id, turn_id, e.seq, e.at, e.kind, e.step, Jsonb(e.data))
+            for e in events
+        ]
+        async with self.db.transaction() as conn, conn.cursor() as cur:
+            await cur.executemany(
+                """
+                INSERT INTO diagnostics (org_id, run_id, session_id, turn_id, seq, at, kind,
+                                         step, data)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+                """,
+                rows,
+            )
+            now = datetime.now(UTC)
+            if retention_days is not None and (
+                self._diagnostics_pruned is None
+                or now - self._diagnostics_pruned > timedelta(hours=1)
+            ):
+                await cur.execute(
+                    "DELETE FROM diagnostics WHERE at < %s",
+                    (now - timedelta(days=retention_days),),
+                )
+                self._diagnostics_pruned = now
+
+    async def diagnostics(
+        self,
+        org_id: str,
+        *,
+        run_id: UUID | None = None,
+        session_id: UUID | None = None,
+        turn_id: UUID | None = None,
+    ) -> list[DiagnosticEvent]:
+        """A run's timeline (every attempt), or a session's (one turn's with ``turn_id``),
+        in the order the events were written."""
+        args: tuple[UUID | None, ...]
+        if run_id is not None:
+            where, args = "run_id = %s", (run_id,)
+        elif turn_id is not None:
+            where, args = "session_id = %s AND turn_id = %s", (session_id, turn_id)
+        else:
+            where, args = "session_id = %s", (session_id,)
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT seq, at, kind, step, data FROM diagnostics "
+                f"WHERE org_id = %s AND {where} ORDER BY id",
+                (org_id, *args),
+            )
+            return [DiagnosticEvent.model_validate(r) for r in await cur.fetchall()]
 
     async def set_trace_attempt(self, org_id: str, run_id: UUID, span_id: str) -> None:
         """Remember the span id of the attempt now driving the run (the next links to it)."""

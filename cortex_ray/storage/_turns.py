@@ -37,7 +37,7 @@ from cortex_ray._exceptions import (
     LeaseLost,
     NotFoundError,
 )
-from cortex_ray._tracing import current_traceparent
+from cortex_ray._tracing import current_traceparent, submission_span
 from cortex_ray._types import (
     SessionStatus,
     Turn,
@@ -272,45 +272,50 @@ class TurnStore:
         """
         if not message.strip():
             raise InvalidRequestError("the message is empty")
-        async with self.db.transaction() as conn:
-            session = await _lock_session(conn, org_id, session_id)
-            if session["caller_id"] != caller_id:
-                raise AccessDeniedError("only the session's own caller may talk in it")
-            if session["status"] != SessionStatus.OPEN.value:
-                raise ConflictError(f"session {session_id} has ended")
-            cur = await conn.execute(
-                """
-                SELECT coalesce(max(ordinal), -1) AS last,
-                       count(*) FILTER (WHERE status IN ('ACCEPTED', 'RUNNING')) AS pending
-                FROM session_turns WHERE org_id = %s AND session_id = %s
-                """,
-                (org_id, session_id),
-            )
-            row = await cur.fetchone()
-            assert row is not None
-            if max_pending is not None and row["pending"] >= max_pending:
-                raise ConflictError(
-                    f"session {session_id} already has {row['pending']} turn(s) running or "
-                    f"queued (limit {max_pending}); try again when it answers"
+        # Outside a request (a Python caller, the actor's own admission), a span of its own
+        # stands for the acceptance: the turn's spans, wherever driven, hang under it.
+        with submission_span(
+            "accept_turn", {"cortex.org_id": org_id, "cortex.session_id": str(session_id)}
+        ):
+            async with self.db.transaction() as conn:
+                session = await _lock_session(conn, org_id, session_id)
+                if session["caller_id"] != caller_id:
+                    raise AccessDeniedError("only the session's own caller may talk in it")
+                if session["status"] != SessionStatus.OPEN.value:
+                    raise ConflictError(f"session {session_id} has ended")
+                cur = await conn.execute(
+                    """
+                    SELECT coalesce(max(ordinal), -1) AS last,
+                           count(*) FILTER (WHERE status IN ('ACCEPTED', 'RUNNING')) AS pending
+                    FROM session_turns WHERE org_id = %s AND session_id = %s
+                    """,
+                    (org_id, session_id),
                 )
-            cur = await conn.execute(
-                """
-                INSERT INTO session_turns (org_id, session_id, id, ordinal, caller_id, message,
-                                           status, trace_parent)
-                VALUES (%s, %s, %s, %s, %s, %s, 'ACCEPTED', %s)
-                RETURNING *
-                """,
-                (
-                    org_id,
-                    session_id,
-                    uuid4(),
-                    row["last"] + 1,
-                    caller_id,
-                    message,
-                    current_traceparent(),
-                ),
-            )
-            inserted = await cur.fetchone()
+                row = await cur.fetchone()
+                assert row is not None
+                if max_pending is not None and row["pending"] >= max_pending:
+                    raise ConflictError(
+                        f"session {session_id} already has {row['pending']} turn(s) running or "
+                        f"queued (limit {max_pending}); try again when it answers"
+                    )
+                cur = await conn.execute(
+                    """
+                    INSERT INTO session_turns (org_id, session_id, id, ordinal, caller_id, message,
+                                               status, trace_parent)
+                    VALUES (%s, %s, %s, %s, %s, %s, 'ACCEPTED', %s)
+                    RETURNING *
+                    """,
+                    (
+                        org_id,
+                        session_id,
+                        uuid4(),
+                        row["last"] + 1,
+                        caller_id,
+                        message,
+                        current_traceparent(),
+                    ),
+                )
+                inserted = await cur.fetchone()
         assert inserted is not None
         return _record(inserted)
 
