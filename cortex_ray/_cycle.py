@@ -442,7 +442,7 @@ class DecisionCycle:
                 if (loop := watch.see(step)) is not None:
                     self._looped(agent, run, span, loop)
                 if timeline is not None:
-                    await timeline.flush()
+                    await timeline.flush_if_due()
                 if final is not None:
                     end_run_span(span, final)
                     _run_done(agent, final)

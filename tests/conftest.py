@@ -121,6 +121,8 @@ def ray_cluster() -> Iterator[object]:
         include_dashboard=False,
         namespace="cortex-ray-test",
         log_to_driver=False,
+        # metrics reach the node's endpoint every 2 s instead of 10 s (test_metrics waits)
+        _system_config={"metrics_report_interval_ms": 2000},
     )
     yield context
     ray.shutdown()

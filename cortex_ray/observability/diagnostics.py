@@ -7,8 +7,9 @@ the prompt), the candidates and their scores, the selected action, the tool's in
 result, the retrieval plan and the evidence ids, a stall, a loop, the terminal state or the
 failure. Every event's data passes the one secret scrubber and a size cap before it is
 kept; a timeline keeps at most ``max_events`` events (the rest are counted in a last
-``truncated`` event). Events are written in batches (after each step, at the end, and at
-once for a stall or a failure) to the ``diagnostics`` table, append-only; rows older than
+``truncated`` event). Events are written in batches (after a step once a second has passed
+since the last write, at the end, and at once for a stall or a failure) to the
+``diagnostics`` table, append-only; rows older than
 the retention are deleted by the writer about once an hour.
 
 Noting outside a timeline does nothing, so the seams (model client, gate, knowledge search)
@@ -125,6 +126,7 @@ class Timeline:
     _pending: list[DiagnosticEvent] = field(default_factory=list)
     _count: int = 0
     _dropped: int = 0
+    _flushed: float = field(default_factory=time.monotonic)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def add(self, kind: str, **data: Any) -> None:
@@ -146,9 +148,16 @@ class Timeline:
             )
         )
 
+    async def flush_if_due(self, every_s: float = 1.0) -> None:
+        """Write what is pending if the last write is ``every_s`` old: fast steps share one
+        write a second (a stall, a failure and the end are written at once)."""
+        if self._pending and time.monotonic() - self._flushed >= every_s:
+            await self.flush()
+
     async def flush(self) -> None:
         """Write what is pending (a failing write is logged: never the run's problem)."""
         async with self._lock:
+            self._flushed = time.monotonic()
             if not self._pending:
                 return
             batch, self._pending = self._pending, []

@@ -232,6 +232,14 @@ class AuditEntry:
         self.idempotency_key = idempotency_key
 
 
+_COST_FIELDS = tuple(
+    (name, "numeric" if info.annotation is float else "bigint")
+    for name, info in RunCost.model_fields.items()
+    if name != "loops"
+)
+"""The additive fields of ``RunCost`` and their SQL types (``add_run_cost``)."""
+
+
 class Store:
     """Typed reads and writes of organisations, principals, agents, runs, sessions and audit."""
 
@@ -785,22 +793,31 @@ class Store:
             return list(await cur.fetchall())
 
     async def add_run_cost(self, org_id: str, run_id: UUID, cost: RunCost) -> RunCost:
-        """Add one attempt's cost to the run's (``task_runs.cost``); returns the sum."""
-        async with self.db.transaction() as conn:
+        """Add one attempt's cost to the run's (``task_runs.cost``) in one statement; returns
+        the sum. The attempt's loops replace the run's (an attempt replays the run's steps,
+        so its loops hold the earlier ones)."""
+        added = cost.model_dump(mode="json")
+        sums = ", ".join(
+            f"'{name}', coalesce((cost->>'{name}')::{kind}, 0)"
+            f" + (%(new)s::jsonb->>'{name}')::{kind}"
+            for name, kind in _COST_FIELDS
+        )
+        async with self.db.connection() as conn:
             cur = await conn.execute(
-                "SELECT cost FROM task_runs WHERE org_id = %s AND id = %s FOR UPDATE",
-                (org_id, run_id),
+                f"""
+                UPDATE task_runs SET cost = jsonb_build_object({sums},
+                    'loops', CASE WHEN jsonb_array_length(%(new)s::jsonb->'loops') > 0
+                                  THEN %(new)s::jsonb->'loops'
+                                  ELSE coalesce(cost->'loops', '[]'::jsonb) END)
+                WHERE org_id = %(org)s AND id = %(run)s
+                RETURNING cost
+                """,
+                {"new": Jsonb(added), "org": org_id, "run": run_id},
             )
             row = await cur.fetchone()
-            if row is None:
-                raise NotFoundError(f"no run {run_id}")
-            before = RunCost() if row["cost"] is None else RunCost.model_validate(row["cost"])
-            total = before.plus(cost)
-            await conn.execute(
-                "UPDATE task_runs SET cost = %s WHERE org_id = %s AND id = %s",
-                (Jsonb(total.model_dump(mode="json")), org_id, run_id),
-            )
-        return total
+        if row is None:
+            raise NotFoundError(f"no run {run_id}")
+        return RunCost.model_validate(row["cost"])
 
     async def append_diagnostics(
         self,
