@@ -556,6 +556,10 @@ class TraceSpanBody(_Out):
     depth: int = Field(description="depth in the tree (0: a root)")
 
 
+def _span_bodies(found: RunTrace) -> list[TraceSpanBody]:
+    return [TraceSpanBody.model_validate(s.model_dump(exclude={"links"})) for s in found.spans]
+
+
 class TaskTrace(_Out):
     """A run's locally kept trace, spans depth-first in start order (empty when spans go
     only to a collector)."""
@@ -566,13 +570,7 @@ class TaskTrace(_Out):
 
     @classmethod
     def of(cls, found: RunTrace) -> TaskTrace:
-        return cls(
-            task_id=found.run_id,
-            trace_ids=found.trace_ids,
-            spans=[
-                TraceSpanBody.model_validate(s.model_dump(exclude={"links"})) for s in found.spans
-            ],
-        )
+        return cls(task_id=found.run_id, trace_ids=found.trace_ids, spans=_span_bodies(found))
 
 
 class DiagnosticEventBody(_Out):
@@ -614,13 +612,7 @@ class TurnTrace(_Out):
 
     @classmethod
     def of(cls, found: RunTrace) -> TurnTrace:
-        return cls(
-            turn_id=found.run_id,
-            trace_ids=found.trace_ids,
-            spans=[
-                TraceSpanBody.model_validate(s.model_dump(exclude={"links"})) for s in found.spans
-            ],
-        )
+        return cls(turn_id=found.run_id, trace_ids=found.trace_ids, spans=_span_bodies(found))
 
 
 class RunLoopBody(_Out):

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # (cortex_ray.models.TEST_MODEL_NAME; Settings read this variable).
 os.environ.setdefault("CORTEX_MODEL_NAME", "SmolLM2-135M-Instruct")
 
-from cortex_ray import Settings
+import cortex_ray._tracing
+from cortex_ray import Runtime, Settings
+from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import (
     HashEmbedder,
     SentenceTransformerEmbedder,
@@ -157,3 +160,36 @@ def scratch_database(
                 await conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
     return scratch
+
+
+@pytest.fixture
+async def scripted_runtime(db: Database, settings: Settings) -> AsyncIterator[Callable[..., Any]]:
+    """``await scripted_runtime(model, diagnostics={...}, **tracing)``: runtimes on the test
+    database (closed afterwards, their tracer providers released)."""
+    opened: list[Runtime] = []
+
+    async def make(
+        model: Any, *, diagnostics: dict[str, Any] | None = None, **tracing: Any
+    ) -> Runtime:
+        """A runtime on the test database with ``model``, the hash embedder, K=1, and
+        ``tracing`` / ``diagnostics`` settings changed as given."""
+        update: dict[str, Any] = {"embedding_backend": "hash", "candidates": 1}
+        if tracing:
+            update["tracing"] = settings.tracing.model_copy(update=tracing)
+        if diagnostics:
+            update["diagnostics"] = settings.diagnostics.model_copy(update=diagnostics)
+        runtime = await Runtime.open(
+            settings.model_copy(update=update),
+            model=model,
+            embedder=HashEmbedder(384),
+            importance=HeuristicImportanceScorer(),
+            db=db,
+        )
+        opened.append(runtime)
+        return runtime
+
+    yield make
+    providers = [rt.tracing.provider for rt in opened if rt.tracing is not None]
+    for runtime in opened:
+        await runtime.close(close_db=False)
+    assert not set(map(id, providers)) & set(map(id, cortex_ray._tracing._active))  # released

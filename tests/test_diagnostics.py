@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
-
-from cortex_ray import AgentMode, Grant, Principal, RunStatus, Runtime, Settings
-from cortex_ray.memory import HeuristicImportanceScorer
-from cortex_ray.models import ChatRequest, ChatResponse, HashEmbedder, ScriptedModelClient, Usage
+from cortex_ray import AgentMode, Grant, Principal, RunStatus
+from cortex_ray.models import ChatRequest, ChatResponse, ScriptedModelClient, Usage
 from cortex_ray.observability import REDACTED, metrics
 from cortex_ray.observability.diagnostics import DiagnosticEvent
 from cortex_ray.storage import Database
@@ -35,29 +32,6 @@ def plan(steps: list[dict[str, Any]], delay_s: float = 0.0) -> Callable[..., Any
     return respond
 
 
-@pytest.fixture
-async def open_runtime(db: Database, settings: Settings) -> AsyncIterator[Callable[..., Any]]:
-    opened: list[Runtime] = []
-
-    async def make(model: Any, **diagnostics: Any) -> Runtime:
-        update: dict[str, Any] = {"embedding_backend": "hash", "candidates": 1}
-        if diagnostics:
-            update["diagnostics"] = settings.diagnostics.model_copy(update=diagnostics)
-        runtime = await Runtime.open(
-            settings.model_copy(update=update),
-            model=model,
-            embedder=HashEmbedder(384),
-            importance=HeuristicImportanceScorer(),
-            db=db,
-        )
-        opened.append(runtime)
-        return runtime
-
-    yield make
-    for runtime in opened:
-        await runtime.close(close_db=False)
-
-
 class Recorded:
     """A metrics sink that keeps what it was handed (the Ray sink is tested in
     test_metrics)."""
@@ -70,7 +44,7 @@ class Recorded:
 
 
 async def test_a_runs_timeline_says_what_happened_and_what_it_cost(
-    open_runtime: Callable[..., Any], org: str
+    scripted_runtime: Callable[..., Any], org: str
 ) -> None:
     model = ScriptedModelClient(
         responder=plan(
@@ -84,7 +58,7 @@ async def test_a_runs_timeline_says_what_happened_and_what_it_cost(
             ]
         )
     )
-    runtime = await open_runtime(model, max_value_chars=200)
+    runtime = await scripted_runtime(model, diagnostics={"max_value_chars": 200})
     agent = await runtime.create_agent(org, "noter", mode=AgentMode.AUTONOMOUS)
     run = await runtime.run_autonomous(org, agent.id, "find the deploy token", max_steps=4)
     assert run.status is RunStatus.COMPLETED
@@ -125,10 +99,12 @@ async def test_a_runs_timeline_says_what_happened_and_what_it_cost(
 
 
 async def test_a_run_repeating_one_call_is_flagged_as_a_loop(
-    open_runtime: Callable[..., Any], org: str
+    scripted_runtime: Callable[..., Any], org: str
 ) -> None:
     same = {"tool": "memory_search", "args": {"query": "where is it"}, "rationale": "look"}
-    runtime = await open_runtime(ScriptedModelClient(responder=plan([same])), loop_repeats=3)
+    runtime = await scripted_runtime(
+        ScriptedModelClient(responder=plan([same])), diagnostics={"loop_repeats": 3}
+    )
     agent = await runtime.create_agent(org, "looper", mode=AgentMode.AUTONOMOUS)
     sink = Recorded()
     metrics.install_metrics(sink)
@@ -156,10 +132,12 @@ async def test_a_run_repeating_one_call_is_flagged_as_a_loop(
 
 
 async def test_a_model_call_past_the_threshold_is_a_stall(
-    open_runtime: Callable[..., Any], org: str
+    scripted_runtime: Callable[..., Any], org: str
 ) -> None:
     slow = plan([{"finish": True, "message": "late", "rationale": "done"}], delay_s=1.5)
-    runtime = await open_runtime(ScriptedModelClient(responder=slow), stall_after_s=0.3)
+    runtime = await scripted_runtime(
+        ScriptedModelClient(responder=slow), diagnostics={"stall_after_s": 0.3}
+    )
     agent = await runtime.create_agent(org, "sleepy", mode=AgentMode.AUTONOMOUS)
     run = await runtime.start_run(org, agent.id, "take your time", max_steps=2)
     driving = asyncio.create_task(runtime.drive_run(org, run.id))
@@ -179,9 +157,9 @@ async def test_a_model_call_past_the_threshold_is_a_stall(
 
 
 async def test_a_turns_timeline_and_the_retention(
-    open_runtime: Callable[..., Any], org: str, db: Database
+    scripted_runtime: Callable[..., Any], org: str, db: Database
 ) -> None:
-    runtime = await open_runtime(ScriptedModelClient(responder=lambda r: "Hello there."))
+    runtime = await scripted_runtime(ScriptedModelClient(responder=lambda r: "Hello there."))
     agent = await runtime.create_agent(org, "greeter")
     ada = Principal(id="ada", org_id=org, grant=Grant(tools=frozenset({"*"})))
     session = await runtime.open_session(org, agent.id, ada)

@@ -5,21 +5,18 @@ decision on tool spans, content capture off by default and scrubbed when on."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-import cortex_ray._tracing
-from cortex_ray import AgentMode, Grant, ObservationStatus, RunStatus, Runtime, Settings
+from cortex_ray import AgentMode, Grant, ObservationStatus, RunStatus
 from cortex_ray._tracing import activate_provider, deactivate_provider, tracer
 from cortex_ray.act import InvocationContext
-from cortex_ray.memory import HeuristicImportanceScorer
-from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient
+from cortex_ray.models import ChatRequest, ScriptedModelClient
 from cortex_ray.observability import RunTrace, TraceSpan, waterfall
-from cortex_ray.storage import Database
 
 SECRET = "ghp_" + "Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2Rr1Qq0Pp9Oo8"
 
@@ -35,31 +32,6 @@ def plan(steps: list[dict[str, Any]]) -> Callable[[ChatRequest], str]:
     return respond
 
 
-@pytest.fixture
-async def open_runtime(db: Database, settings: Settings) -> AsyncIterator[Callable[..., Any]]:
-    opened: list[Runtime] = []
-
-    async def make(model: Any, **tracing: Any) -> Runtime:
-        update: dict[str, Any] = {"embedding_backend": "hash", "candidates": 1}
-        if tracing:
-            update["tracing"] = settings.tracing.model_copy(update=tracing)
-        runtime = await Runtime.open(
-            settings.model_copy(update=update),
-            model=model,
-            embedder=HashEmbedder(384),
-            importance=HeuristicImportanceScorer(),
-            db=db,
-        )
-        opened.append(runtime)
-        return runtime
-
-    yield make
-    providers = [rt.tracing.provider for rt in opened if rt.tracing is not None]
-    for runtime in opened:
-        await runtime.close(close_db=False)
-    assert not set(map(id, providers)) & set(map(id, cortex_ray._tracing._active))  # released
-
-
 def by_name(trace: RunTrace, prefix: str) -> list[TraceSpan]:
     return [s for s in trace.spans if s.name.startswith(prefix)]
 
@@ -68,7 +40,7 @@ def parent(trace: RunTrace, span: TraceSpan) -> TraceSpan:
     return next(s for s in trace.spans if s.span_id == span.parent_span_id)
 
 
-async def test_a_run_is_one_connected_tree_of_genai_spans(open_runtime, org: str) -> None:
+async def test_a_run_is_one_connected_tree_of_genai_spans(scripted_runtime, org: str) -> None:
     model = ScriptedModelClient(
         responder=plan(
             [
@@ -77,7 +49,7 @@ async def test_a_run_is_one_connected_tree_of_genai_spans(open_runtime, org: str
             ]
         )
     )
-    runtime = await open_runtime(model)
+    runtime = await scripted_runtime(model)
     assert runtime.tracing is not None and runtime.tracing.sinks == ("local",)
     agent = await runtime.create_agent(org, "clock", mode=AgentMode.AUTONOMOUS)
     run = await runtime.run_autonomous(org, agent.id, "what time is it", max_steps=4)
@@ -127,13 +99,13 @@ async def test_a_run_is_one_connected_tree_of_genai_spans(open_runtime, org: str
 
 
 async def test_a_failed_run_and_a_denied_tool_are_errors_in_the_trace(
-    open_runtime, org: str
+    scripted_runtime, org: str
 ) -> None:
     # The planner offers only granted tools, so a model naming another fails the run ...
     model = ScriptedModelClient(
         responder=plan([{"tool": "remember_fact", "args": {"subject": "s", "fact": "f"}}])
     )
-    runtime = await open_runtime(model)
+    runtime = await scripted_runtime(model)
     agent = await runtime.create_agent(
         org,
         "denied",
@@ -168,7 +140,7 @@ async def test_a_failed_run_and_a_denied_tool_are_errors_in_the_trace(
 
 
 async def test_content_is_captured_only_when_asked_and_then_scrubbed(
-    open_runtime, org: str
+    scripted_runtime, org: str
 ) -> None:
     model = ScriptedModelClient(
         responder=plan(
@@ -181,7 +153,7 @@ async def test_content_is_captured_only_when_asked_and_then_scrubbed(
             ]
         )
     )
-    runtime = await open_runtime(model, capture_content=True, max_content_chars=256)
+    runtime = await scripted_runtime(model, capture_content=True, max_content_chars=256)
     agent = await runtime.create_agent(
         org, "keeper", mode=AgentMode.AUTONOMOUS, tools=["remember_fact"]
     )
@@ -198,18 +170,18 @@ async def test_content_is_captured_only_when_asked_and_then_scrubbed(
     assert SECRET not in everything
 
 
-async def test_an_unknown_run_has_no_trace(open_runtime, org: str) -> None:
+async def test_an_unknown_run_has_no_trace(scripted_runtime, org: str) -> None:
     from uuid import uuid4
 
     from cortex_ray import NotFoundError
 
-    runtime = await open_runtime(None)
+    runtime = await scripted_runtime(None)
     with pytest.raises(NotFoundError):
         await runtime.run_trace(org, uuid4())
 
 
 async def test_a_resumed_run_continues_its_trace_and_links_the_crashed_attempt(
-    open_runtime, org: str
+    scripted_runtime, org: str
 ) -> None:
     model = ScriptedModelClient(
         responder=plan(
@@ -219,7 +191,7 @@ async def test_a_resumed_run_continues_its_trace_and_links_the_crashed_attempt(
             ]
         )
     )
-    runtime = await open_runtime(model)
+    runtime = await scripted_runtime(model)
     agent = await runtime.create_agent(org, "phoenix", mode=AgentMode.AUTONOMOUS)
     run = await runtime.start_run(org, agent.id, "what time is it", max_steps=4)
     assert run.trace_parent is not None  # the submission's span stands for the run
@@ -241,11 +213,13 @@ async def test_a_resumed_run_continues_its_trace_and_links_the_crashed_attempt(
     assert [s.name for s in by_name(trace, "step ")] == ["step 0", "step 1"]  # not redone
 
 
-async def test_a_run_started_inside_a_callers_span_joins_its_trace(open_runtime, org: str) -> None:
+async def test_a_run_started_inside_a_callers_span_joins_its_trace(
+    scripted_runtime, org: str
+) -> None:
     model = ScriptedModelClient(
         responder=plan([{"finish": True, "message": "done", "rationale": "nothing to do"}])
     )
-    runtime = await open_runtime(model)
+    runtime = await scripted_runtime(model)
     agent = await runtime.create_agent(org, "joiner", mode=AgentMode.AUTONOMOUS)
     with tracer.start_as_current_span("caller") as caller:
         run = await runtime.start_run(org, agent.id, "nothing", max_steps=2)
@@ -319,7 +293,7 @@ def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 async def test_a_runs_spans_reach_a_real_otlp_collector(
-    phoenix: str, open_runtime, org: str, monkeypatch: pytest.MonkeyPatch
+    phoenix: str, scripted_runtime, org: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the standard OTLP variables set, a run's spans go to Phoenix over OTLP/HTTP (and
     are not kept locally); Phoenix reads them back as one trace and recognises the GenAI
@@ -340,7 +314,7 @@ async def test_a_runs_spans_reach_a_real_otlp_collector(
             ]
         )
     )
-    runtime = await open_runtime(model)
+    runtime = await scripted_runtime(model)
     assert runtime.tracing is not None and runtime.tracing.sinks == ("otlp",)
     agent = await runtime.create_agent(org, "exported", mode=AgentMode.AUTONOMOUS)
     run = await runtime.run_autonomous(org, agent.id, "what time is it", max_steps=4)
