@@ -505,15 +505,17 @@ class DecisionCycle:
             metrics.record(
                 metrics.STEPS, org=run.org_id, agent=agent.name, decision=decision.kind.value
             )
-            diagnostics.note(
-                "decision",
-                decision=decision.kind.value,
-                candidates=[_shown_candidate(c) for c in decision.candidates],
-                selected=decision.selected,
-                action=None if decision.action is None else decision.action.model_dump(),
-                reason=decision.reason,
-                shown_tools=cycle.shown,
-            )
+            if (timeline := diagnostics.current_timeline()) is not None:
+                # built only when kept: the candidates' dumps are work on every step
+                timeline.add(
+                    "decision",
+                    decision=decision.kind.value,
+                    candidates=[_shown_candidate(c) for c in decision.candidates],
+                    selected=decision.selected,
+                    action=None if decision.action is None else decision.action.model_dump(),
+                    reason=decision.reason,
+                    shown_tools=cycle.shown,
+                )
             if cycle.dispatch is None:
                 step = Step(
                     run_id=run.id,
