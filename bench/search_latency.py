@@ -186,6 +186,8 @@ async def measure(args: argparse.Namespace) -> None:
                     f"{build_t['first_publish_ms_per_collection']:.0f} ms per collection, "
                     f"vectors + HNSW {vec_s:.1f} s"
                 )
+            if args.build_only:
+                return
 
             config = RetrievalConfig(ef_search=args.ef_search)
             if args.postings_per_term:
@@ -346,6 +348,12 @@ def main() -> None:
         action="store_true",
         help="with --data-dir: measure the corpus an earlier --reuse run built there "
         "(build it if absent); skips the incremental publish",
+    )
+    parser.add_argument(
+        "--build-only",
+        action="store_true",
+        help="with --data-dir --reuse: build the corpus and stop (measure it later, on an "
+        "idle machine: a build beside other work still gives a store that measures the same)",
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     run_stoppable(measure(parser.parse_args()))
