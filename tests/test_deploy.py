@@ -297,3 +297,51 @@ def test_deploy_plan_refuses_what_does_not_fit(tmp_path: Path) -> None:
         str(CLUSTER / "launcher-gpu.yaml"), "--serve-config", str(CLUSTER / "serve-gpu.yaml")
     )
     assert done.returncode == 0 and "peak: 3" in done.stdout, done.stdout + done.stderr
+
+
+# --- 6. the GPU path ------------------------------------------------------------------------
+
+
+def test_the_gpu_serving_script_deploys_the_gpu_file_or_says_why_not() -> None:
+    pytest.importorskip("ray")
+    from bench_modules import load_bench
+
+    from serve.models import ModelServingConfig
+
+    script = load_bench("gpu_serving")  # imports cleanly on any machine
+    args = script.models_app("/models/llm", "/models/embedder")
+    config = ModelServingConfig.model_validate(args)  # the GPU file's app, fitted to one node
+    assert config.llm is not None and config.llm.vllm is not None
+    assert "accelerator_type" not in config.llm.vllm
+    assert config.llm.vllm["model_loading_config"]["model_source"] == "/models/llm"
+    assert config.embedder is not None and config.embedder.device == "cuda"
+    assert "label_selector" not in config.ingress.deployment.ray_actor_options
+    why = script.missing()
+    if why is None:
+        pytest.skip("a GPU with vLLM is here: run bench/gpu_serving.py itself (minutes)")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_serving.py")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (
+        done.stdout.strip() == f"{why}: GPU serving benchmark skipped (the GPU path stays unproven)"
+    )
+
+
+def test_the_gpu_file_serves_on_a_gpu() -> None:
+    pytest.importorskip("ray")
+    from bench_modules import load_bench
+
+    why = load_bench("gpu_serving").missing()
+    if why is not None:
+        pytest.skip(f"GPU path unproven here: {why}")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_serving.py"), "--requests", "2",
+         "--concurrency", "2", "--max-batch", "64"],
+        capture_output=True, text=True, timeout=1800, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout[done.stdout.index("{") :])
+    assert report["llm"]["aggregate_tokens_per_s"] > 0
+    assert report["embedder"]["batches"][0]["texts_per_s"] > 0
