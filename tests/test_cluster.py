@@ -231,14 +231,12 @@ async def test_two_nodes_serve_the_cpu_config_and_survive_losing_one(
              "--resources", json.dumps({"gpu_like": 2}), "--labels", f"{POOL}=gpu"],
             env, Path("/tmp") / f"rc-{tag}-w",
         )  # fmt: skip
-        nodes = _wait(
-            lambda: (
-                [n for n in _state("nodes", address, env) if n["state"] == "ALIVE"][1:]
-                and [n for n in _state("nodes", address, env) if n["state"] == "ALIVE"]
-            ),
-            90,
-            "two live nodes",
-        )
+
+        def two_alive() -> list[dict[str, Any]] | None:
+            alive = [n for n in _state("nodes", address, env) if n["state"] == "ALIVE"]
+            return alive if len(alive) == 2 else None
+
+        nodes = _wait(two_alive, 90, "two live nodes")
         by_pool = {n["labels"].get(POOL): n["node_id"] for n in nodes}
         head_id, gpu_id = by_pool["cpu"], by_pool["gpu"]
 
@@ -275,6 +273,27 @@ async def test_two_nodes_serve_the_cpu_config_and_survive_losing_one(
             run: dict[str, Any] = client.get(f"/api/orgs/{org}/tasks/{run_id}").json()
             return run
 
+        def chat_lines() -> int:
+            """Requests the LLM replica on the second node logged (Serve's request log, in
+            that node's own temp dir)."""
+            logs = Path(f"/tmp/rc-{tag}-w").glob(
+                "session_2*/logs/serve/replica_cortex-models_LLM_*.log"
+            )
+            return sum(p.read_text().count("chat") for p in logs)
+
+        # Warm the models up (first forward passes) so the run's calls meet warm replicas.
+        warm = client.post(
+            "/models/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": ["hi"]}
+        )
+        assert warm.status_code == 200, warm.text
+        warm = client.post(
+            "/models/v1/chat/completions",
+            json={"model": "SmolLM2-135M-Instruct", "max_tokens": 4,
+                  "messages": [{"role": "user", "content": "hi"}]},
+        )  # fmt: skip
+        assert warm.status_code == 200, warm.text
+        before = _wait(chat_lines, 30, "the warm-up call in the LLM replica's log")
+
         # --- 1. a task: run actor on the head, the model replicas on the second node --------
         first = submit("Say hello.")
         name = ActorKey.run(org, uuid.UUID(first)).name
@@ -289,12 +308,8 @@ async def test_two_nodes_serve_the_cpu_config_and_survive_losing_one(
             if a["class_name"].startswith("ServeReplica:cortex-models") and a["state"] == "ALIVE"
         }
         assert replicas["LLM"] == gpu_id and replicas["Embedder"] == gpu_id, replicas
-        # The run's model calls were answered there: the LLM replica on the second node
-        # logged them (Serve's request log, in that node's own temp dir).
-        llm_logs = list(
-            Path(f"/tmp/rc-{tag}-w").glob("session_*/logs/serve/replica_cortex-models_LLM_*.log")
-        )
-        assert llm_logs and any("chat" in p.read_text() for p in llm_logs), llm_logs
+        # The run's model calls were answered there.
+        _wait(lambda: chat_lines() > before, 30, f"the run's calls in the LLM's log ({done})")
         assert done["steps"], done
 
         # --- 2. an ingestion job: ray job submit --working-dir . ----------------------------

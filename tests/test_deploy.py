@@ -345,3 +345,29 @@ def test_the_gpu_file_serves_on_a_gpu() -> None:
     report = json.loads(done.stdout[done.stdout.index("{") :])
     assert report["llm"]["aggregate_tokens_per_s"] > 0
     assert report["embedder"]["batches"][0]["texts_per_s"] > 0
+
+
+# --- what the cluster files rely on in the code ---------------------------------------------
+
+
+def test_session_actors_take_the_label_selector_of_their_policy() -> None:
+    pytest.importorskip("ray")
+    from actors._session import placement
+    from cortex_ray import SessionPolicy
+
+    assert placement(SessionPolicy()) == {}  # any node, as before
+    pinned = SessionPolicy(label_selector={POOL: "cpu"})
+    assert placement(pinned) == {"label_selector": {POOL: "cpu"}}
+
+
+async def test_a_served_model_call_with_no_replica_to_answer_fails_after_the_timeout() -> None:
+    pytest.importorskip("ray")
+    import asyncio
+
+    from cortex_ray import ModelError
+    from serve.models._handles import _answer
+
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    with pytest.raises(ModelError, match=r"no answer within 0.05 s \(model_timeout_s\)"):
+        await _answer(never, 0.05, "the embedder")
+    assert never.cancelled()  # the waiting call is given up, not left behind
