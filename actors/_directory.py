@@ -41,7 +41,7 @@ from actors._exceptions import SessionError
 from actors._factory import RuntimeFactory
 from actors._metrics import install_ray_metrics
 from actors._naming import DIRECTORY_NAME, ActorKey
-from actors._session import WARM_PREFIX, create_warm, get_or_create
+from actors._session import WARM_PREFIX, create_warm, get_or_create, placement
 from cortex_ray import NotFoundError, RunStatus, SessionPolicy, Settings
 from cortex_ray.observability import metrics
 from cortex_ray.storage import Database, Store
@@ -450,5 +450,6 @@ def get_or_create_directory(
         lifetime="detached",
         max_restarts=-1,
         num_cpus=0,
+        **placement(policy),
     ).remote(settings, factory, policy)
     return cast("ActorHandle[Any]", handle)

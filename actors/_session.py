@@ -62,9 +62,9 @@ def get_or_create(
 ) -> ActorHandle[Any]:
     """The live actor for ``key``, created if there is none (one name, one actor)."""
     actor_class = cast("ActorClass[Any]", AgentSession)
-    handle = actor_class.options(**_OPTIONS, name=key.name, namespace=policy.namespace).remote(
-        key, settings, factory, policy
-    )
+    handle = actor_class.options(
+        **_OPTIONS, **placement(policy), name=key.name, namespace=policy.namespace
+    ).remote(key, settings, factory, policy)
     return cast("ActorHandle[Any]", handle)
 
 
@@ -81,10 +81,16 @@ def create_warm(
         "max_restarts": 0,
     }
     name = f"{WARM_PREFIX}{uuid.uuid4()}"
-    handle = actor_class.options(**options, name=name, namespace=policy.namespace).remote(
-        None, settings, factory, policy
-    )
+    handle = actor_class.options(
+        **options, **placement(policy), name=name, namespace=policy.namespace
+    ).remote(None, settings, factory, policy)
     return cast("ActorHandle[Any]", handle)
+
+
+def placement(policy: SessionPolicy) -> dict[str, Any]:
+    """The scheduling options the policy asks for: ``label_selector`` when it names node
+    labels (session actors and the directory stay on, say, CPU nodes), else none."""
+    return {"label_selector": dict(policy.label_selector)} if policy.label_selector else {}
 
 
 _OPTIONS: dict[str, Any] = {

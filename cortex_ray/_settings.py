@@ -251,6 +251,12 @@ class SessionPolicy(BaseModel):
         gt=0,
         description="longest pause between attempts to drive a failing run (doubling from 0.5 s)",
     )
+    label_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Ray node labels the session actors and their directory must run on (JSON, "
+        'e.g. {"cortex-ray.io/pool": "cpu"}): keeps them off GPU nodes that scale to zero '
+        "(docs/deployment.md); empty: any node",
+    )
 
 
 class RunPolicy(BaseModel):
@@ -478,7 +484,10 @@ class Settings(BaseSettings):
         default=768, ge=16, description="completion tokens when a call sets no limit"
     )
     model_timeout_s: float = Field(
-        default=120.0, gt=0, description="per HTTP model or embedding call (openai backends)"
+        default=120.0,
+        gt=0,
+        description="per model or embedding call (openai and served backends: a served model "
+        "whose replicas are gone fails the call after this long instead of waiting)",
     )
     model_max_retries: int = Field(
         default=2,

@@ -1215,6 +1215,57 @@ def eval_compare(
     _execute(work())
 
 
+deploy_app = typer.Typer(
+    help="Plan a deployment on a GPU cluster (docs/deployment.md).", no_args_is_help=True
+)
+app.add_typer(deploy_app, name="deploy")
+
+
+@deploy_app.command("plan")
+def deploy_plan(
+    manifest: Annotated[
+        Path,
+        typer.Argument(help="A KubeRay RayService manifest, or a cluster launcher file."),
+    ],
+    serve_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--serve-config",
+            help="The Serve config file (default: the RayService's serveConfigV2).",
+        ),
+    ] = None,
+) -> None:
+    """The GPUs the Serve config needs (the LLM's tensor x pipeline parallel x replicas, the
+    GPU embedder and reranker, plus the upgrade's surge) against the GPU worker groups; exits
+    1 when they do not fit."""
+    from cortex_ray.deploy import load_plan
+
+    try:
+        plan = load_plan(manifest, serve_config)
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        _fail(f"{manifest}: {exc}", EXIT_INVALID)
+    table = _list_table("GPU deployments (at max replicas)")
+    for column in ("app", "deployment", "GPUs/replica", "max replicas", "GPUs"):
+        table.add_column(column, no_wrap=True)
+    for d in plan.deployments:
+        table.add_row(
+            d.app, d.deployment, f"{d.gpus_per_replica:g}", str(d.max_replicas), f"{d.gpus:g}"
+        )
+    _out.print(table)
+    groups = ", ".join(f"{g.name} {g.gpus_per_node} x {g.max_nodes}" for g in plan.groups)
+    surge = (
+        f"{plan.upgrade}, maxSurgePercent {plan.max_surge_percent}"
+        if plan.upgrade == "NewClusterWithIncrementalUpgrade"
+        else ("None: in place" if plan.upgrade == "None" else plan.upgrade)
+    )
+    _out.print(Text(f"LLM: {plan.llm_gpus:g} GPUs; all deployments: {plan.steady_gpus}"))
+    _out.print(Text(f"upgrade surge ({surge}): {plan.surge_gpus}; peak: {plan.peak_gpus}"))
+    _out.print(Text(f"GPU worker groups: {groups or 'none'} = {plan.capacity_gpus} GPUs"))
+    if not plan.fits:
+        _fail("the plan does not fit: " + "; ".join(plan.problems), EXIT_ERROR)
+    _out.print(Text("fits"))
+
+
 def main() -> None:
     """The ``cortex-ray`` console script."""
     app()

@@ -131,7 +131,7 @@ def build_api(
 
 
 def app_builder(args: dict[str, Any]) -> Application:
-    """For ``serve run serve:app_builder`` and Serve config files (cluster/serve-api.yaml):
+    """For ``serve run serve:app_builder`` and Serve config files (cluster/serve-*.yaml):
     settings from the replica's environment (``CORTEX_*``, ``CORTEX_API__*``, set through the
     application's ``runtime_env.env_vars``), including the executor
     (``CORTEX_SESSIONS__EXECUTOR``, session actors by default); no arguments are read."""

@@ -219,7 +219,7 @@ def test_cluster_serve_configs_parse_with_serves_schema(name: str) -> None:
 
     path = Path(__file__).resolve().parent.parent / "cluster" / name
     schema = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
-    (app,) = schema.applications
+    (app,) = [a for a in schema.applications if a.import_path == "serve.models:build_app"]
     module, attr = app.import_path.split(":")
     assert callable(getattr(__import__(module, fromlist=[attr]), attr))
     config = ModelServingConfig.model_validate(app.args)

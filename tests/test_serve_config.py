@@ -1,4 +1,4 @@
-"""The API deployed from its Serve config file (cluster/serve-api.yaml), the way Ray documents
+"""The API deployed from its Serve config file (cluster/serve-cpu.yaml), the way Ray documents
 config files (``serve run CONFIG``), on the test run's local Ray and embedded PostgreSQL.
 
 The file's ``cortex-api`` application is deployed twice, under two names and route prefixes,
@@ -39,7 +39,7 @@ ray = pytest.importorskip("ray")
 
 from actors import DIRECTORY_NAME, ActorKey  # noqa: E402
 
-CONFIG = Path(__file__).resolve().parents[1] / "cluster" / "serve-api.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "cluster" / "serve-cpu.yaml"
 APP = "cortex-api"
 TERMINAL = {"COMPLETED", "FAILED"}
 
@@ -174,7 +174,7 @@ def deployed(
     port = _free_port()
     config, namespaces = _apps_from_file(db.dsn, model.url, uuid.uuid4().hex[:8])
     config["http_options"] = {**config.get("http_options", {}), "port": port}
-    path = tmp_path_factory.mktemp("serve-config") / "serve-api.yaml"
+    path = tmp_path_factory.mktemp("serve-config") / "serve-cpu.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     ray_serve.shutdown()  # a Serve left by another module would keep its own port
     # `serve run CONFIG` (Ray's CLI, as docs/actors.md says to run the file): it connects to
@@ -323,7 +323,7 @@ async def test_config_file_with_in_process_executor(
     assert run["result"] == "done"
 
 
-@pytest.mark.parametrize("name", ["serve-api.yaml", "serve-cpu.yaml", "serve-gpu.yaml"])
+@pytest.mark.parametrize("name", ["serve-cpu.yaml", "serve-gpu.yaml"])
 def test_model_serving_configs_set_capacity_and_guards(name: str) -> None:
     """Every config file's model app validates with its capacity and guard fields, and a
     file whose proxy binds beyond loopback never leaves the model routes open."""
@@ -341,12 +341,9 @@ def test_model_serving_configs_set_capacity_and_guards(name: str) -> None:
     loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     ingress = models.args["ingress"]
     assert "require_keys" in ingress  # said in the file, not left to a default
-    if name != "serve-api.yaml":
-        assert {"max_body_bytes", "max_concurrent_per_key"} <= set(ingress)
+    assert {"max_body_bytes", "max_concurrent_per_key"} <= set(ingress)
     if not loopback:
         assert config.ingress.require_keys is True, f"{name} binds {host} with open model routes"
-        env = (models.runtime_env or {}).get("env_vars", {})
-        assert env.get("CORTEX_DATABASE_URL"), "keys need the API's database"
     assert config.llm is not None
     if config.llm.backend == "llama_cpp":
         assert config.llm.max_ongoing_requests > 1 + config.llm.max_waiting

@@ -47,6 +47,7 @@ from serve.models._reranker import RERANKER_NAME, HandleReranker
 
 try:
     from ray import serve as ray_serve
+    from ray.exceptions import RayError
     from ray.serve.handle import DeploymentHandle
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("model serving needs Ray Serve: pip install 'cortex-ray[ray]'") from exc
@@ -65,17 +66,49 @@ __all__ = [
 log = logging.getLogger("serve.models.handles")
 
 
-class HandleEmbedder:
-    """Embeds through the ``Embedder`` deployment (which batches concurrent callers)."""
+async def _answer(response: Any, timeout_s: float | None, what: str) -> Any:
+    """The result of a handle call, waited for at most ``timeout_s`` (``None``: no bound).
 
-    def __init__(self, handle: DeploymentHandle[Any], dim: int) -> None:
+    A deployment whose replicas are gone (their node died, or it cannot be placed) leaves a
+    handle call waiting for a replica with no end: the bound turns that into a ``ModelError``
+    (the request is cancelled), and so does a replica that died under the call, so a run
+    that depends on the model ends instead of hanging."""
+    try:
+        if timeout_s is None:
+            return await response
+        return await asyncio.wait_for(_awaited(response), timeout_s)
+    except TimeoutError:
+        cancel = getattr(response, "cancel", None)  # a DeploymentResponse; a coroutine was
+        if callable(cancel):  # cancelled by wait_for, and its handle call with it
+            cancel()
+        raise ModelError(f"{what}: no answer within {timeout_s:g} s (model_timeout_s)") from None
+    except RayError as exc:
+        raise ModelError(f"{what}: the deployment failed ({type(exc).__name__})") from exc
+
+
+async def _awaited(response: Any) -> Any:
+    return await response
+
+
+class HandleEmbedder:
+    """Embeds through the ``Embedder`` deployment (which batches concurrent callers).
+
+    ``timeout_s`` bounds each call (``Settings.model_timeout_s`` when opened as the
+    ``served`` backend); ``None`` waits as long as Serve does."""
+
+    def __init__(
+        self, handle: DeploymentHandle[Any], dim: int, *, timeout_s: float | None = None
+    ) -> None:
         self._handle = handle
         self._dim = dim
+        self._timeout_s = timeout_s
 
     @classmethod
-    async def connect(cls, handle: DeploymentHandle[Any]) -> HandleEmbedder:
-        info = await handle.info.remote()
-        return cls(handle, int(info["dim"]))
+    async def connect(
+        cls, handle: DeploymentHandle[Any], *, timeout_s: float | None = None
+    ) -> HandleEmbedder:
+        info = await _answer(handle.info.remote(), timeout_s, "the embedder")
+        return cls(handle, int(info["dim"]), timeout_s=timeout_s)
 
     @property
     def dim(self) -> int:
@@ -84,8 +117,10 @@ class HandleEmbedder:
     async def embed(self, texts: list[str]) -> NDArray[np.float32]:
         if not texts:
             return np.zeros((0, self._dim), dtype=np.float32)
-        out: NDArray[np.float32] = await self._handle.embed.remote(
-            texts, traceparent=outgoing_traceparent()
+        out: NDArray[np.float32] = await _answer(
+            self._handle.embed.remote(texts, traceparent=outgoing_traceparent()),
+            self._timeout_s,
+            "the embedder",
         )
         return out
 
@@ -110,8 +145,10 @@ class HandleModelClient:
         default_max_tokens: int = 512,
         overload_retries: int = 3,
         overload_backoff_s: float = 1.0,
+        timeout_s: float | None = None,
     ) -> None:
         self._backend = chat_backend(backend, handle)
+        self._timeout_s = timeout_s
         self._overload_retries = overload_retries
         self._overload_backoff_s = overload_backoff_s
         self._model = model_id
@@ -144,7 +181,7 @@ class HandleModelClient:
         retries = self._overload_retries if request.priority <= 0 else 0
         delay = self._overload_backoff_s
         for attempt in range(retries + 1):
-            result = await self._backend.chat(body)
+            result = await _answer(self._backend.chat(body), self._timeout_s, self._model)
             if not isinstance(result, Failure):
                 break
             if result.code != "model_overloaded" or attempt == retries:
@@ -240,7 +277,9 @@ async def _open_served(settings: Settings, slots: frozenset[ModelSlot]) -> Model
             raise ConfigurationError(
                 f"embedding_backend=served, but the app {app!r} serves no embedder"
             )
-        embedder = await HandleEmbedder.connect(handles.embedder)
+        embedder = await HandleEmbedder.connect(
+            handles.embedder, timeout_s=settings.model_timeout_s
+        )
         served = handles.config.embedder
         name = (served.model or served.model_id) if served is not None else "?"
         _check_embedder_dim(embedder.dim, f"{name!r} of the Serve app {app!r}")
@@ -254,6 +293,7 @@ async def _open_served(settings: Settings, slots: frozenset[ModelSlot]) -> Model
             backend=llm.backend,
             default_temperature=settings.model_temperature,
             default_max_tokens=settings.model_max_tokens,
+            timeout_s=settings.model_timeout_s,
         )
     reranker = None
     if handles.reranker is not None:
