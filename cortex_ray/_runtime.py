@@ -469,6 +469,7 @@ class Runtime:
             step_index=None,
             session_id=session_id,
             idempotency_key=None,
+            tier=use_case.tier,
         )
 
     @staticmethod

@@ -85,6 +85,19 @@ class ActionType(StrEnum):
     GROUNDING = "GROUNDING"
 
 
+class CapabilityTier(StrEnum):
+    """What a tool (or a use case) can do: read, change things, or administer the tenant.
+
+    Beside the action category: a GROUNDING call can read (``current_time``) or write (send
+    an e-mail); run modes and connector grants decide on the tier. Unclassified tools are
+    WRITE (``ActionClassifier.tier``): assuming a side effect is the safe default.
+    """
+
+    READ = "read"
+    WRITE = "write"
+    ADMIN = "admin"
+
+
 class Grant(_Model):
     """What a principal may invoke: tool names (``"*"`` for all) and whole action types."""
 
@@ -180,6 +193,7 @@ class ToolSpec(_Model):
         default_factory=lambda: {"type": "object", "properties": {}, "additionalProperties": False}
     )
     action_type: ActionType = ActionType.GROUNDING
+    tier: CapabilityTier = CapabilityTier.WRITE
 
 
 class AgentAction(_Model):

@@ -31,6 +31,7 @@ from cortex_ray import (
     AgentChanges,
     AgentMode,
     Candidate,
+    CapabilityTier,
     DecisionKind,
     Grant,
     MemoryKind,
@@ -1028,6 +1029,7 @@ class ToolBody(_Out):
     description: str
     parameters: dict[str, Any]
     action_type: ActionType
+    tier: CapabilityTier = Field(description="read, write or admin: what a call may change")
 
     @classmethod
     def of(cls, spec: ToolSpec) -> ToolBody:
@@ -1036,6 +1038,7 @@ class ToolBody(_Out):
             description=spec.description,
             parameters=spec.parameters,
             action_type=spec.action_type,
+            tier=spec.tier,
         )
 
 

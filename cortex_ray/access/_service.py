@@ -14,9 +14,16 @@ case's own rule; the runtime writes the audit row of each decision.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum, StrEnum
+from enum import Enum
 
-from cortex_ray._types import ActionType, Agent, AgentMode, Principal, PrincipalKind
+from cortex_ray._types import (
+    ActionType,
+    Agent,
+    AgentMode,
+    CapabilityTier,
+    Principal,
+    PrincipalKind,
+)
 
 __all__ = [
     "AccessControlService",
@@ -79,12 +86,8 @@ class AccessControlService:
         return caller
 
 
-class Tier(StrEnum):
-    """The capability a use case needs: reading, changing, or administering the tenant."""
-
-    READ = "read"
-    WRITE = "write"
-    ADMIN = "admin"
+Tier = CapabilityTier
+"""The capability a use case needs: the same tiers as a tool's (``CapabilityTier``)."""
 
 
 class UseCase(Enum):

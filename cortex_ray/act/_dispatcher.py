@@ -37,6 +37,7 @@ from cortex_ray._types import (
     Agent,
     AgentAction,
     AgentMode,
+    CapabilityTier,
     Observation,
     ObservationStatus,
     Principal,
@@ -162,6 +163,7 @@ class ToolDispatcher:
         transaction as the step's ledger and memory rows)."""
         tool = self.registry.get(tool_name)
         action_type = self.registry.classifier.classify(tool) if tool else ActionType.GROUNDING
+        tier = self.registry.classifier.tier(tool) if tool else CapabilityTier.WRITE
         principal = self.access.principal_for(ctx.agent, ctx.caller, ctx.mode)
         tctx = ToolContext(
             org_id=ctx.agent.org_id,
@@ -181,6 +183,7 @@ class ToolDispatcher:
                 GEN_AI_TOOL_NAME: tool_name,
                 GEN_AI_TOOL_TYPE: "function",
                 "cortex.action_type": action_type.value,
+                "cortex.tier": tier.value,
                 "cortex.mode": ctx.mode.value,
             },
         ) as span:
@@ -195,6 +198,7 @@ class ToolDispatcher:
                     tctx,
                     tool_name,
                     action_type,
+                    tier,
                     args,
                     "CANCELLED",
                     "cancelled",
@@ -253,19 +257,28 @@ class ToolDispatcher:
             reason=reason,
         )
         log.info(
-            "dispatch tool=%s category=%s status=%s principal=%s run=%s step=%s %.1fms%s",
+            "dispatch tool=%s category=%s tier=%s status=%s principal=%s run=%s step=%s %.1fms%s",
             tool_name,
             action_type.value,
+            tier.value,
             observation.status.value,
             principal.id,
             ctx.run_id,
             ctx.step_index,
             duration_ms,
             f" reason={reason}" if reason else "",
-            extra={"action_type": action_type.value, "tool": tool_name},
+            extra={"action_type": action_type.value, "tier": tier.value, "tool": tool_name},
         )
         audit = self._audit(
-            ctx, tctx, tool_name, action_type, args, observation.status.value, reason, duration_ms
+            ctx,
+            tctx,
+            tool_name,
+            action_type,
+            tier,
+            args,
+            observation.status.value,
+            reason,
+            duration_ms,
         )
         return Dispatch(observation, audit)
 
@@ -275,6 +288,7 @@ class ToolDispatcher:
         tctx: ToolContext,
         tool_name: str,
         action_type: ActionType,
+        tier: CapabilityTier,
         args: dict[str, Any],
         status: str,
         reason: str | None,
@@ -295,6 +309,7 @@ class ToolDispatcher:
             step_index=ctx.step_index,
             session_id=ctx.session_id,
             idempotency_key=tctx.idempotency_key,
+            tier=tier,
         )
 
     def audit_entry(
@@ -317,8 +332,10 @@ class ToolDispatcher:
             step_index=ctx.step_index,
             call_key=ctx.idempotency_key,
         )
+        tool = self.registry.get(action.tool)
+        tier = self.registry.classifier.tier(tool) if tool else CapabilityTier.WRITE
         return self._audit(
-            ctx, tctx, action.tool, action.action_type, action.args, status, reason, 0.0
+            ctx, tctx, action.tool, action.action_type, tier, action.args, status, reason, 0.0
         )
 
     async def _write_audit(self, audit: AuditEntry) -> None:

@@ -25,6 +25,7 @@ from cortex_ray._types import (
     AgentAction,
     AgentMode,
     Candidate,
+    CapabilityTier,
     DecisionKind,
     Grant,
     Observation,
@@ -147,8 +148,8 @@ VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 _INSERT_AUDIT = """
 INSERT INTO audit_log (org_id, principal_id, agent_id, mode, tool, action_type, status,
                        reason, args, duration_ms, run_id, step_index, session_id,
-                       idempotency_key)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s)
+                       idempotency_key, tier)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s)
 """
 
 # A run and the audit row of its submission in one statement (the run's parameters first).
@@ -175,6 +176,7 @@ def _audit_params(entry: AuditEntry) -> tuple[Any, ...]:
         entry.step_index,
         entry.session_id,
         entry.idempotency_key,
+        None if entry.tier is None else entry.tier.value,
     )
 
 
@@ -195,6 +197,7 @@ class AuditEntry:
         "session_id",
         "status",
         "step_index",
+        "tier",
         "tool",
     )
 
@@ -215,6 +218,7 @@ class AuditEntry:
         step_index: int | None = None,
         session_id: UUID | None = None,
         idempotency_key: str | None = None,
+        tier: CapabilityTier | None = None,
     ) -> None:
         self.org_id = org_id
         self.principal_id = principal_id
@@ -230,6 +234,7 @@ class AuditEntry:
         self.step_index = step_index
         self.session_id = session_id
         self.idempotency_key = idempotency_key
+        self.tier = tier
 
 
 _COST_FIELDS = tuple(
