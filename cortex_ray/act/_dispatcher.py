@@ -1,8 +1,12 @@
 """The one invocation gate. Every tool call, chosen by a model or made directly, passes here:
 
-unknown tool? → arguments valid against the schema? → AccessControlService → before-hooks →
-run under a timeout (and cancellation) → bound the output → after-hooks → audit row and a log
-line and a span carrying the action category.
+unknown tool? → arguments valid against the schema? → AccessControlService → the connector
+policy (a connector's tools: installed, granted to every principal the call acts for, within
+the grant's tier and argument constraints, approval) → before-hooks → run under a timeout (and
+cancellation) → redact the connector's sensitive result fields → bound the output →
+after-hooks → audit row (with the decision, the tier, hashes of the arguments and the result,
+the result's source ids and the grants used) and a log line and a span carrying the action
+category.
 
 Failures become an ``Observation`` with status REFUSED / ERROR / TIMEOUT (CANCELLED is
 recorded, then re-raised): nothing a tool does escapes the decision cycle as an exception.
@@ -11,6 +15,7 @@ recorded, then re-raised): nothing a tool does escapes the decision cycle as an 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -45,6 +50,7 @@ from cortex_ray._types import (
 )
 from cortex_ray.access import AccessControlService
 from cortex_ray.act._tools import Tool, ToolContext, ToolRegistry
+from cortex_ray.governance import ConnectorPolicy, Verdict, redact
 from cortex_ray.observability import captured, diagnostics, metrics
 from cortex_ray.storage import AuditEntry, Store
 
@@ -87,6 +93,66 @@ class Dispatch:
         )
 
 
+@dataclass(slots=True)
+class _CallFacts:
+    """What the audit row keeps of a call besides its status: the grants that allowed it,
+    the hash and source ids of its (redacted) result, how many fields were redacted."""
+
+    grant_ids: tuple[UUID, ...] = ()
+    result_sha256: str | None = None
+    source_ids: tuple[str, ...] = ()
+    redacted: int = 0
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def args_sha256(args: Any) -> str:
+    """The hash of a call's arguments as the audit row keeps it (canonical JSON)."""
+    return _sha256(json.dumps(args, sort_keys=True, default=str, separators=(",", ":")))
+
+
+def _source_ids(output: Any, limit: int = 100) -> tuple[str, ...]:
+    """The source ids a result carries (``source_id`` keys, ``source_ids`` lists, at any
+    depth up to 4): the evidence the call returned, kept on its audit row."""
+    found: dict[str, None] = {}
+
+    def walk(v: Any, depth: int) -> None:
+        if depth > 4 or len(found) >= limit:
+            return
+        if isinstance(v, dict):
+            for k, item in v.items():
+                if k == "source_id" and isinstance(item, str | int | UUID):
+                    found[str(item)] = None
+                elif k == "source_ids" and isinstance(item, list):
+                    found.update((str(i), None) for i in item[:limit])
+                else:
+                    walk(item, depth + 1)
+        elif isinstance(v, list):
+            for item in v:
+                walk(item, depth + 1)
+
+    walk(output, 0)
+    return tuple(list(found)[:limit])
+
+
+def _decision(status: str, reason: str | None) -> str:
+    """The gate's decision as the audit row records it."""
+    if status == ObservationStatus.OK:
+        return "allowed"
+    if status == ObservationStatus.REFUSED:
+        why = reason or ""
+        if why.startswith("access denied"):
+            return "denied"
+        if why.startswith("approval required"):
+            return "approval_required"
+        return "refused"
+    if status == ObservationStatus.CANCELLED:
+        return "cancelled"
+    return "error"
+
+
 class ToolHook(Protocol):
     """Runs around every call. ``before`` may veto by returning a reason; ``after`` may rewrite."""
 
@@ -97,11 +163,15 @@ class ToolHook(Protocol):
     ) -> Observation: ...
 
 
-def _bound(output: Any, limit: int) -> tuple[Any, str, bool]:
-    """JSON-safe output, its text, and whether it was cut to ``limit`` characters."""
-    text = (
+def _text(output: Any) -> str:
+    return (
         output if isinstance(output, str) else json.dumps(output, default=str, ensure_ascii=False)
     )
+
+
+def _bound(output: Any, limit: int, text: str | None = None) -> tuple[Any, str, bool]:
+    """JSON-safe output, its text, and whether it was cut to ``limit`` characters."""
+    text = _text(output) if text is None else text
     if len(text) <= limit:
         return (output if not isinstance(output, str) else text), text, False
     cut = text[: limit - 1] + "…"
@@ -120,8 +190,11 @@ class ToolDispatcher:
         *,
         memory: Any = None,
         hooks: Sequence[ToolHook] = (),
+        governance: ConnectorPolicy | None = None,
     ) -> None:
         self.registry = registry
+        self.governance = governance
+        """Decides the calls of connectors' tools; without it every such call is denied."""
         self.access = access
         self.store = store
         self.settings = settings
@@ -188,8 +261,11 @@ class ToolDispatcher:
             },
         ) as span:
             started = time.perf_counter()
+            facts = _CallFacts()
             try:
-                observation, reason = await self._run(tctx, tool, tool_name, action_type, args)
+                observation, reason = await self._run(
+                    tctx, tool, tool_name, action_type, tier, args, facts
+                )
             except asyncio.CancelledError:
                 # Record the cancelled call, then let the cancellation go on.
                 log.warning("dispatch tool=%s category=%s cancelled", tool_name, action_type.value)
@@ -203,6 +279,8 @@ class ToolDispatcher:
                     "CANCELLED",
                     "cancelled",
                     (time.perf_counter() - started) * 1000,
+                    tool.connector if tool else None,
+                    facts,
                 )
                 await asyncio.shield(self._write_audit(audit))
                 raise
@@ -279,6 +357,8 @@ class ToolDispatcher:
             observation.status.value,
             reason,
             duration_ms,
+            tool.connector if tool else None,
+            facts,
         )
         return Dispatch(observation, audit)
 
@@ -293,7 +373,10 @@ class ToolDispatcher:
         status: str,
         reason: str | None,
         duration_ms: float,
+        connector: str | None = None,
+        facts: _CallFacts | None = None,
     ) -> AuditEntry:
+        facts = facts or _CallFacts()
         return AuditEntry(
             org_id=ctx.agent.org_id,
             principal_id=tctx.principal.id,
@@ -310,6 +393,12 @@ class ToolDispatcher:
             session_id=ctx.session_id,
             idempotency_key=tctx.idempotency_key,
             tier=tier,
+            decision=_decision(status, reason),
+            input_sha256=args_sha256(args),
+            result_sha256=facts.result_sha256,
+            source_ids=facts.source_ids,
+            connector=connector,
+            grant_ids=facts.grant_ids,
         )
 
     def audit_entry(
@@ -348,7 +437,9 @@ class ToolDispatcher:
         tool: Tool | None,
         name: str,
         action_type: ActionType,
+        tier: CapabilityTier,
         args: dict[str, Any],
+        facts: _CallFacts,
     ) -> tuple[Observation, str | None]:
         def refuse(reason: str) -> tuple[Observation, str]:
             obs = Observation(
@@ -374,6 +465,27 @@ class ToolDispatcher:
         decision = self.access.decide(ctx.agent, ctx.principal, name, action_type, mode=ctx.mode)
         if not decision.allowed:
             return refuse(f"access denied: {decision.reason}")
+        verdict: Verdict | None = None
+        if tool.connector is not None:
+            # Fail closed: a connector's tool runs only when its policy says so.
+            if self.governance is None:
+                return refuse(f"access denied: no connector policy for {tool.connector!r}")
+            principals = [ctx.agent.principal().id]
+            if ctx.principal.id not in principals:
+                principals.append(ctx.principal.id)  # a conversation: the caller's grant too
+            verdict = await self.governance.check(
+                org_id=ctx.org_id,
+                principal_ids=principals,
+                connector=tool.connector,
+                tool=name,
+                tier=tier,
+                args=args,
+            )
+            facts.grant_ids = verdict.grant_ids
+            if verdict.decision == "deny":
+                return refuse(f"access denied: {verdict.reason}")
+            if verdict.decision == "approval":
+                return refuse(f"approval required: {verdict.reason}")
         for hook in self.hooks:
             veto = await hook.before(ctx, tool, args)
             if veto:
@@ -397,7 +509,13 @@ class ToolDispatcher:
                 summary=f"{status.value.lower()}: {reason}",
             )
             return obs, reason
-        bounded, text, truncated = _bound(output, self.settings.tool_output_chars)
+        if verdict is not None and verdict.sensitive_fields:
+            # Before anything keeps or shows it: the step log, the audit hash, the model.
+            output, facts.redacted = redact(output, verdict.sensitive_fields)
+        full = _text(output)
+        facts.result_sha256 = _sha256(full)
+        facts.source_ids = _source_ids(output)
+        bounded, text, truncated = _bound(output, self.settings.tool_output_chars, full)
         obs = Observation(
             tool=name,
             action_type=action_type,
@@ -415,5 +533,7 @@ def _access(status: ObservationStatus, reason: str | None) -> str:
     """The gate's decision as a span reads it: ``denied`` (the grant or policy said no),
     ``refused`` (an unknown tool, invalid arguments, a hook), ``allowed`` (the tool ran)."""
     if status is ObservationStatus.REFUSED:
+        if (reason or "").startswith("approval required"):
+            return "approval"
         return "denied" if (reason or "").startswith("access denied") else "refused"
     return "allowed"

@@ -148,8 +148,10 @@ VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 _INSERT_AUDIT = """
 INSERT INTO audit_log (org_id, principal_id, agent_id, mode, tool, action_type, status,
                        reason, args, duration_ms, run_id, step_index, session_id,
-                       idempotency_key, tier)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s)
+                       idempotency_key, tier, decision, input_sha256, result_sha256,
+                       source_ids, connector, grant_ids, workflow_id, run_mode)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s,
+        %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 # A run and the audit row of its submission in one statement (the run's parameters first).
@@ -177,6 +179,14 @@ def _audit_params(entry: AuditEntry) -> tuple[Any, ...]:
         entry.session_id,
         entry.idempotency_key,
         None if entry.tier is None else entry.tier.value,
+        entry.decision,
+        entry.input_sha256,
+        entry.result_sha256,
+        list(entry.source_ids) if entry.source_ids else None,
+        entry.connector,
+        list(entry.grant_ids) if entry.grant_ids else None,
+        entry.workflow_id,
+        entry.run_mode,
     )
 
 
@@ -187,18 +197,26 @@ class AuditEntry:
         "action_type",
         "agent_id",
         "args",
+        "connector",
+        "decision",
         "duration_ms",
+        "grant_ids",
         "idempotency_key",
+        "input_sha256",
         "mode",
         "org_id",
         "principal_id",
         "reason",
+        "result_sha256",
         "run_id",
+        "run_mode",
         "session_id",
+        "source_ids",
         "status",
         "step_index",
         "tier",
         "tool",
+        "workflow_id",
     )
 
     def __init__(
@@ -219,6 +237,14 @@ class AuditEntry:
         session_id: UUID | None = None,
         idempotency_key: str | None = None,
         tier: CapabilityTier | None = None,
+        decision: str | None = None,
+        input_sha256: str | None = None,
+        result_sha256: str | None = None,
+        source_ids: tuple[str, ...] = (),
+        connector: str | None = None,
+        grant_ids: tuple[UUID, ...] = (),
+        workflow_id: UUID | None = None,
+        run_mode: str | None = None,
     ) -> None:
         self.org_id = org_id
         self.principal_id = principal_id
@@ -235,6 +261,14 @@ class AuditEntry:
         self.session_id = session_id
         self.idempotency_key = idempotency_key
         self.tier = tier
+        self.decision = decision
+        self.input_sha256 = input_sha256
+        self.result_sha256 = result_sha256
+        self.source_ids = source_ids
+        self.connector = connector
+        self.grant_ids = grant_ids
+        self.workflow_id = workflow_id
+        self.run_mode = run_mode
 
 
 _COST_FIELDS = tuple(

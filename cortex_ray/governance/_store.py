@@ -1,0 +1,195 @@
+"""SQL of connector instances and grants. Every statement filters by organisation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from cortex_ray._exceptions import NotFoundError
+from cortex_ray._types import utcnow
+from cortex_ray.governance._types import ConnectorGrant, ConnectorInstance
+from cortex_ray.storage import Database
+
+__all__ = ["GovernanceStore"]
+
+
+def _instance(row: dict[str, Any]) -> ConnectorInstance:
+    return ConnectorInstance(
+        org_id=row["org_id"],
+        connector=row["connector"],
+        config=row["config"] or {},
+        enabled=row["enabled"],
+        health=row["health"],
+        health_checked_at=row["health_checked_at"],
+        created_at=row["created_at"],
+    )
+
+
+def _grant(row: dict[str, Any]) -> ConnectorGrant:
+    return ConnectorGrant(
+        id=row["id"],
+        org_id=row["org_id"],
+        principal_id=row["principal_id"],
+        connector=row["connector"],
+        tools=tuple(row["tools"] or ()),
+        max_tier=row["max_tier"],
+        constraints=row["constraints"] or {},
+        approval=row["approval"],
+        expires_at=row["expires_at"],
+        created_by=row["created_by"],
+        created_at=row["created_at"],
+        revoked_at=row["revoked_at"],
+    )
+
+
+class GovernanceStore:
+    """Typed reads and writes of ``connector_instances`` and ``connector_grants``."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def put_instance(self, instance: ConnectorInstance) -> ConnectorInstance:
+        """Install a connector in the organisation, or change its configuration and state."""
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                INSERT INTO connector_instances (org_id, connector, config, enabled, created_at)
+                VALUES (%s, %s, %s, %s, %s)
+                ON CONFLICT (org_id, connector)
+                DO UPDATE SET config = EXCLUDED.config, enabled = EXCLUDED.enabled
+                RETURNING *
+                """,
+                (
+                    instance.org_id,
+                    instance.connector,
+                    Jsonb(instance.config),
+                    instance.enabled,
+                    instance.created_at,
+                ),
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return _instance(row)
+
+    async def instances(self, org_id: str) -> list[ConnectorInstance]:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM connector_instances WHERE org_id = %s ORDER BY connector",
+                (org_id,),
+            )
+            return [_instance(r) for r in await cur.fetchall()]
+
+    async def instance(self, org_id: str, connector: str) -> ConnectorInstance:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM connector_instances WHERE org_id = %s AND connector = %s",
+                (org_id, connector),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFoundError(f"connector {connector!r} is not installed in this organisation")
+        return _instance(row)
+
+    async def set_health(self, org_id: str, connector: str, health: str) -> ConnectorInstance:
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                UPDATE connector_instances SET health = %s, health_checked_at = %s
+                WHERE org_id = %s AND connector = %s RETURNING *
+                """,
+                (health, utcnow(), org_id, connector),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFoundError(f"connector {connector!r} is not installed in this organisation")
+        return _instance(row)
+
+    async def create_grant(self, grant: ConnectorGrant) -> ConnectorGrant:
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                INSERT INTO connector_grants (org_id, id, principal_id, connector, tools,
+                    max_tier, constraints, approval, expires_at, created_by, created_at)
+                SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s
+                WHERE EXISTS (SELECT 1 FROM connector_instances
+                              WHERE org_id = %s AND connector = %s)
+                RETURNING *
+                """,
+                (
+                    grant.org_id,
+                    grant.id,
+                    grant.principal_id,
+                    grant.connector,
+                    list(grant.tools),
+                    grant.max_tier.value,
+                    Jsonb(grant.constraints),
+                    grant.approval.value,
+                    grant.expires_at,
+                    grant.created_by,
+                    grant.created_at,
+                    grant.org_id,
+                    grant.connector,
+                ),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFoundError(
+                f"connector {grant.connector!r} is not installed in this organisation"
+            )
+        return _grant(row)
+
+    async def grants(
+        self, org_id: str, *, principal_id: str | None = None, include_revoked: bool = False
+    ) -> list[ConnectorGrant]:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT * FROM connector_grants
+                WHERE org_id = %s AND (%s::text IS NULL OR principal_id = %s)
+                  AND (%s OR revoked_at IS NULL)
+                ORDER BY created_at, id
+                """,
+                (org_id, principal_id, principal_id, include_revoked),
+            )
+            return [_grant(r) for r in await cur.fetchall()]
+
+    async def revoke_grant(self, org_id: str, grant_id: UUID) -> ConnectorGrant:
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                UPDATE connector_grants SET revoked_at = coalesce(revoked_at, %s)
+                WHERE org_id = %s AND id = %s RETURNING *
+                """,
+                (utcnow(), org_id, grant_id),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFoundError(f"no grant {grant_id} in this organisation")
+        return _grant(row)
+
+    async def for_call(
+        self, org_id: str, connector: str, principal_ids: Sequence[str]
+    ) -> tuple[ConnectorInstance | None, list[ConnectorGrant]]:
+        """The instance and the unrevoked grants a call of ``connector`` by these principals
+        (or ``"*"``) could use, in one statement."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT to_jsonb(i) AS instance,
+                       coalesce((SELECT jsonb_agg(to_jsonb(g) ORDER BY g.created_at, g.id)
+                                 FROM connector_grants g
+                                 WHERE g.org_id = i.org_id AND g.connector = i.connector
+                                   AND g.revoked_at IS NULL
+                                   AND g.principal_id = ANY(%s)), '[]') AS grants
+                FROM connector_instances i WHERE i.org_id = %s AND i.connector = %s
+                """,
+                ([*principal_ids, "*"], org_id, connector),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            return None, []
+        instance = ConnectorInstance.model_validate(row["instance"])
+        return instance, [ConnectorGrant.model_validate(g) for g in row["grants"]]

@@ -1,0 +1,131 @@
+"""The governance vocabulary: connectors (definitions in code, instances per organisation),
+grants per principal, and the gate's verdict on a connector call."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+from uuid import UUID, uuid4
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cortex_ray._types import CapabilityTier, utcnow
+
+__all__ = [
+    "ApprovalPolicy",
+    "Connector",
+    "ConnectorGrant",
+    "ConnectorInstance",
+    "GrantRequest",
+    "HealthProbe",
+    "Verdict",
+]
+
+HealthProbe = Callable[[Mapping[str, Any]], Awaitable[str | None]]
+"""Checks a connector instance with its configuration: ``None`` when healthy, else why not."""
+
+TIER_RANK = {CapabilityTier.READ: 0, CapabilityTier.WRITE: 1, CapabilityTier.ADMIN: 2}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ApprovalPolicy(StrEnum):
+    """When a call a grant allows still needs a person's approval."""
+
+    NEVER = "never"
+    WRITES = "writes"
+    """Calls of a WRITE or ADMIN tool need approval; READ calls run."""
+    ALWAYS = "always"
+
+
+APPROVAL_RANK = {ApprovalPolicy.NEVER: 0, ApprovalPolicy.WRITES: 1, ApprovalPolicy.ALWAYS: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Connector:
+    """A connector definition: a system the agent reaches through some tools.
+
+    Attributes:
+        name: The connector's name (an identifier); a tool belongs to it with
+            ``Tool(connector=name)``.
+        description: What it connects to.
+        sensitive_fields: Result fields (keys, at any depth, compared without case) that are
+            redacted from every result of its tools before the audit, the step log or a
+            model sees them. An instance's ``config["redact_fields"]`` adds to them.
+        health: An optional probe of an instance (see ``HealthProbe``).
+    """
+
+    name: str
+    description: str = ""
+    sensitive_fields: tuple[str, ...] = ()
+    health: HealthProbe | None = field(default=None, compare=False)
+
+
+class ConnectorInstance(_Model):
+    """A connector installed in one organisation, with its (non-secret) configuration."""
+
+    org_id: str
+    connector: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    enabled: bool = True
+    health: str = "unknown"
+    health_checked_at: datetime | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class GrantRequest(_Model):
+    """What a new grant says (the caller's input).
+
+    Attributes:
+        principal_id: Whom it grants to: a user's or an agent's principal id
+            (``agent:<uuid>``), or ``"*"`` for every principal of the organisation.
+        connector: The connector (installed in the organisation).
+        tools: The connector's tools it covers; empty covers them all.
+        max_tier: The highest tier it allows.
+        constraints: Per argument, a JSON-schema subset the value must satisfy (``enum``
+            for an allow-list, ``const``, ``type``, ``pattern``, ``minLength``,
+            ``maxLength``, ``minimum``, ``maximum``, ``maxItems``, ``items``); a
+            constrained argument must be present.
+        approval: When an allowed call still needs a person's approval.
+        expires_at: After this the grant allows nothing.
+    """
+
+    principal_id: str = Field(min_length=1, max_length=200)
+    connector: str = Field(min_length=1, max_length=100)
+    tools: tuple[str, ...] = ()
+    max_tier: CapabilityTier = CapabilityTier.READ
+    constraints: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    approval: ApprovalPolicy = ApprovalPolicy.NEVER
+    expires_at: datetime | None = None
+
+
+class ConnectorGrant(_Model):
+    """A grant as stored (see ``GrantRequest`` for the fields it shares)."""
+
+    id: UUID = Field(default_factory=uuid4)
+    org_id: str
+    principal_id: str
+    connector: str
+    tools: tuple[str, ...] = ()
+    max_tier: CapabilityTier = CapabilityTier.READ
+    constraints: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    approval: ApprovalPolicy = ApprovalPolicy.NEVER
+    expires_at: datetime | None = None
+    created_by: str = ""
+    created_at: datetime = Field(default_factory=utcnow)
+    revoked_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The connector policy's answer for one call."""
+
+    decision: Literal["allow", "deny", "approval"]
+    reason: str
+    grant_ids: tuple[UUID, ...] = ()
+    sensitive_fields: frozenset[str] = frozenset()
