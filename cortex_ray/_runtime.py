@@ -101,6 +101,13 @@ from cortex_ray.evals import (
     decide_settings,
     run_suite,
 )
+from cortex_ray.governance import (
+    Connector,
+    ConnectorPolicy,
+    Governance,
+    GovernanceStore,
+    discover_connectors,
+)
 from cortex_ray.knowledge import Fusion, KnowledgeService, SearchResult, knowledge_search_tool
 from cortex_ray.learn import Learner
 from cortex_ray.memory import (
@@ -189,6 +196,7 @@ class Runtime:
         classifier: ActionClassifier | None = None,
         knowledge: KnowledgeService | None = None,
         critic_model: ModelClient | None = None,
+        connectors: Iterable[Connector] = (),
     ) -> None:
         self.settings = settings
         self.db = db
@@ -205,9 +213,26 @@ class Runtime:
         # knowledge_search is registered, not built in: an agent gets it by naming it.
         searching = [knowledge_search_tool(knowledge)] if knowledge is not None else []
         self.registry = ToolRegistry([*builtin_tools(), *searching, *tools], classifier)
+        # Connector tools are decided by their grants too, in the same gate (issue 18).
+        self.connector_policy = ConnectorPolicy(GovernanceStore(db), connectors)
         self.dispatcher = ToolDispatcher(
-            self.registry, self.access, self.store, settings, memory=memory, hooks=hooks
+            self.registry,
+            self.access,
+            self.store,
+            settings,
+            memory=memory,
+            hooks=hooks,
+            governance=self.connector_policy,
         )
+        self.governance = Governance(
+            store=self.store,
+            governance=self.connector_policy.store,
+            policy=self.connector_policy,
+            tools_of=self._connector_tools,
+            authorize=self._authorize,
+            audited=self._audited,
+        )
+        """Connectors, grants and the audit log (``cortex_ray.governance``), as use cases."""
         self.composer = PromptComposer(
             show_action_space=settings.show_action_space,
             earlier_chars=settings.progress_earlier_chars,
@@ -271,6 +296,7 @@ class Runtime:
         db: Database | None = None,
         reranker: Reranker | None = None,
         critic_model: ModelClient | None = None,
+        connectors: Iterable[Connector] | None = None,
     ) -> Runtime:
         """Start or reach the database, open the models the settings name, and wire the cycle.
 
@@ -282,7 +308,12 @@ class Runtime:
         one (the ``served`` backend does), else that stage is skipped and each result says
         so. ``critic_model`` reviews the answers
         of agents with ``critic`` on (default: their own model, a same-lineage review).
+        ``connectors`` (with their tools in ``tools``) default to those installed packages
+        offer (``cortex_ray.governance.discover_connectors``).
         """
+        if connectors is None:
+            connectors, offered = discover_connectors()
+            tools = [*tools, *offered]
         if settings is None:
             settings = load_settings()
         if isinstance(model, str) and model != "settings":
@@ -336,6 +367,7 @@ class Runtime:
                 hooks=hooks,
                 knowledge=knowledge,
                 critic_model=critic_model,
+                connectors=connectors,
             )
             # Close only what this call opened; a caller's model or database is theirs.
             runtime._owns_model = opens_chat
@@ -347,6 +379,11 @@ class Runtime:
             if db is None:
                 await database.close()
             raise
+
+    def _connector_tools(self, connector: str) -> list[str]:
+        """The names of the registered tools that belong to ``connector``."""
+        tools = (self.registry.get(name) for name in self.registry.names())
+        return [t.name for t in tools if t is not None and t.connector == connector]
 
     async def close(self, *, close_db: bool = True) -> None:
         """Release the run leases this runtime still holds (the next driver takes the runs

@@ -1220,5 +1220,13 @@ def main() -> None:
     app()
 
 
+# Commands kept in their own modules (issue 18: connectors, grants, the audit log).
+from cortex_ray._cli_governance import audit as _audit_command  # noqa: E402
+from cortex_ray._cli_governance import connectors_app, grants_app  # noqa: E402
+
+app.add_typer(connectors_app, name="connectors")
+app.add_typer(grants_app, name="grants")
+app.command("audit")(_audit_command)
+
 if __name__ == "__main__":
     main()

@@ -805,6 +805,18 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
             f"{base}/proposals/{uuid.UUID(int=7)}/decision",
             {"json": {"approve": True}},
         ),
+        # governance (issue 18): this server registers no connector
+        "list_connectors": ("GET", f"{base}/connectors", {}),
+        "install_connector": ("PUT", f"{base}/connectors/crm", {"json": {}}),
+        "check_connector": ("POST", f"{base}/connectors/crm/check", {}),
+        "list_grants": ("GET", f"{base}/grants", {}),
+        "create_grant": (
+            "POST",
+            f"{base}/grants",
+            {"json": {"principalId": "*", "connector": "crm"}},
+        ),
+        "revoke_grant": ("DELETE", f"{base}/grants/{uuid.UUID(int=9)}", {}),
+        "read_audit": ("GET", f"{base}/audit", {"params": {"runId": estate.task_id}}),
     }
     return {op: (m, url.format(**values), kw) for op, (m, url, kw) in routes.items()}
 
@@ -883,6 +895,9 @@ async def test_no_route_reads_or_writes_another_organisation(
         "list_eval_suites": 200,
         "list_eval_runs": 200,
         "create_eval_suite": 422,  # no cases
+        "list_connectors": 200,
+        "list_grants": 200,
+        "read_audit": 200,
     }
     for op, (method, url, kwargs) in requests_for(estate, intruder.org).items():
         r = await client.request(method, url, headers=intruder.auth(intruder.admin), **kwargs)

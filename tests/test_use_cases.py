@@ -31,6 +31,7 @@ from cortex_ray import (
 from cortex_ray._types import DecisionKind, MemorySnapshot, RunStatus, WorkingMemory
 from cortex_ray.access import UseCase
 from cortex_ray.evals import Cassette, EvalCase, EvalSuite, RecordedStep, SameDecisions
+from cortex_ray.governance import GrantRequest
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import HashEmbedder
 from cortex_ray.storage import Database
@@ -194,6 +195,34 @@ REFUSALS: dict[UseCase, tuple[str, Call]] = {
         "outsider",
         lambda r, w: r.run_eval_suite(w.org, "tiny", principal=w.outsider),
     ),
+    # governance (issue 18): the tenant's administration
+    UseCase.CONNECTORS_LIST: (
+        "outsider",
+        lambda r, w: r.governance.list_connectors(w.org, principal=w.outsider),
+    ),
+    UseCase.CONNECTORS_INSTALL: (
+        "member",
+        lambda r, w: r.governance.install_connector(w.org, "crm", principal=w.member),
+    ),
+    UseCase.CONNECTORS_CHECK: (
+        "member",
+        lambda r, w: r.governance.check_connector(w.org, "crm", principal=w.member),
+    ),
+    UseCase.GRANTS_LIST: (
+        "member",
+        lambda r, w: r.governance.list_grants(w.org, principal=w.member),
+    ),
+    UseCase.GRANTS_CREATE: (
+        "member",
+        lambda r, w: r.governance.create_grant(
+            w.org, GrantRequest(principal_id="ada", connector="crm"), principal=w.member
+        ),
+    ),
+    UseCase.GRANTS_REVOKE: (
+        "member",
+        lambda r, w: r.governance.revoke_grant(w.org, uuid.uuid4(), principal=w.member),
+    ),
+    UseCase.AUDIT_READ: ("member", lambda r, w: r.governance.audit(w.org, principal=w.member)),
 }
 
 

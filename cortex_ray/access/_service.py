@@ -127,6 +127,15 @@ class UseCase(Enum):
     EVALS_READ = ("evals.read", ActionType.RETRIEVAL, Tier.READ, False)
     EVALS_WRITE = ("evals.write", ActionType.GROUNDING, Tier.WRITE, True)
     EVALS_RUN = ("evals.run", ActionType.GROUNDING, Tier.WRITE, True)
+    # Governance (issue 18): connectors, grants and the governed audit log. Who may reach
+    # which system is the tenant's administration; reading the audit log too.
+    CONNECTORS_LIST = ("connectors.list", ActionType.RETRIEVAL, Tier.READ, False)
+    CONNECTORS_INSTALL = ("connectors.install", ActionType.GROUNDING, Tier.ADMIN, True)
+    CONNECTORS_CHECK = ("connectors.check", ActionType.GROUNDING, Tier.ADMIN, True)
+    GRANTS_LIST = ("grants.list", ActionType.RETRIEVAL, Tier.ADMIN, False)
+    GRANTS_CREATE = ("grants.create", ActionType.GROUNDING, Tier.ADMIN, True)
+    GRANTS_REVOKE = ("grants.revoke", ActionType.GROUNDING, Tier.ADMIN, True)
+    AUDIT_READ = ("audit.read", ActionType.RETRIEVAL, Tier.ADMIN, False)
 
     def __init__(self, label: str, category: ActionType, tier: Tier, audit_allowed: bool) -> None:
         self.label = label

@@ -1,6 +1,7 @@
 """Governed actions (issue 18): connectors and their grants, decided in the one invocation
 gate (``cortex_ray.act``), and the use cases that manage them."""
 
+from cortex_ray.governance._discovery import CONNECTOR_ENTRY_POINTS, discover_connectors
 from cortex_ray.governance._policy import REDACTED, ConnectorPolicy, check_constraints, redact
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
@@ -12,18 +13,23 @@ from cortex_ray.governance._types import (
     HealthProbe,
     Verdict,
 )
+from cortex_ray.governance._use_cases import ConnectorView, Governance
 
 __all__ = [
+    "CONNECTOR_ENTRY_POINTS",
     "REDACTED",
     "ApprovalPolicy",
     "Connector",
     "ConnectorGrant",
     "ConnectorInstance",
     "ConnectorPolicy",
+    "ConnectorView",
+    "Governance",
     "GovernanceStore",
     "GrantRequest",
     "HealthProbe",
     "Verdict",
     "check_constraints",
+    "discover_connectors",
     "redact",
 ]

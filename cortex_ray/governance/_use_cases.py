@@ -1,0 +1,215 @@
+"""The governance use cases (connectors, grants, the audit log), reached as
+``Runtime.governance``: each takes the calling principal, is decided by
+``AccessControlService.authorize`` and audited through the runtime, like every use case."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from uuid import UUID
+
+from cortex_ray._exceptions import InvalidRequestError, NotFoundError
+from cortex_ray._types import Principal, utcnow
+from cortex_ray.access import UseCase
+from cortex_ray.governance._policy import ConnectorPolicy, check_constraints
+from cortex_ray.governance._store import GovernanceStore
+from cortex_ray.governance._types import (
+    Connector,
+    ConnectorGrant,
+    ConnectorInstance,
+    GrantRequest,
+)
+from cortex_ray.observability import scrub
+from cortex_ray.storage import Store
+
+__all__ = ["ConnectorView", "Governance"]
+
+HEALTH_TIMEOUT_S = 10.0
+
+
+class _Authorize(Protocol):
+    def __call__(
+        self, principal: Principal | None, use_case: UseCase, org_id: str, *, args: Any = None
+    ) -> Awaitable[Principal]: ...
+
+
+class _Audited(Protocol):
+    def __call__(
+        self, caller: Principal, use_case: UseCase, org_id: str, *, args: Any = None
+    ) -> Awaitable[None]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorView:
+    """A registered connector, its tools here, and its instance in the organisation (if
+    installed)."""
+
+    connector: Connector
+    tools: tuple[str, ...]
+    instance: ConnectorInstance | None
+
+
+class Governance:
+    """Connectors, grants and the audit log, as use cases (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        governance: GovernanceStore,
+        policy: ConnectorPolicy,
+        tools_of: Callable[[str], Sequence[str]],
+        authorize: _Authorize,
+        audited: _Audited,
+    ) -> None:
+        self.store = store
+        self.gov = governance
+        self.policy = policy
+        self._tools_of = tools_of
+        self._authorize = authorize
+        self._audited = audited
+
+    def _definition(self, name: str) -> Connector:
+        connector = self.policy.connectors.get(name)
+        if connector is None:
+            raise NotFoundError(f"no connector {name!r} is registered")
+        return connector
+
+    async def list_connectors(
+        self, org_id: str, *, principal: Principal | None = None
+    ) -> list[ConnectorView]:
+        """Every registered connector with its tools and this organisation's instance."""
+        await self._authorize(principal, UseCase.CONNECTORS_LIST, org_id)
+        installed = {i.connector: i for i in await self.gov.instances(org_id)}
+        return [
+            ConnectorView(c, tuple(self._tools_of(name)), installed.get(name))
+            for name, c in sorted(self.policy.connectors.items())
+        ]
+
+    async def install_connector(
+        self,
+        org_id: str,
+        name: str,
+        *,
+        config: dict[str, Any] | None = None,
+        enabled: bool = True,
+        principal: Principal | None = None,
+    ) -> ConnectorInstance:
+        """Install (or reconfigure, enable, disable) a connector in the organisation.
+
+        Raises:
+            NotFoundError: No connector of that name is registered.
+            InvalidRequestError: The configuration holds what looks like a credential
+                (credentials belong in the secret store), or ``redact_fields`` is not a
+                list of names.
+        """
+        args = {"connector": name, "enabled": enabled}
+        caller = await self._authorize(principal, UseCase.CONNECTORS_INSTALL, org_id, args=args)
+        self._definition(name)
+        config = dict(config or {})
+        if scrub(config) != config:
+            raise InvalidRequestError(
+                "the configuration holds a credential: keep secrets out of connector config"
+            )
+        fields = config.get("redact_fields", [])
+        if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+            raise InvalidRequestError("redact_fields must be a list of field names")
+        await self.store.ensure_org(org_id)
+        instance = await self.gov.put_instance(
+            ConnectorInstance(org_id=org_id, connector=name, config=config, enabled=enabled)
+        )
+        await self._audited(caller, UseCase.CONNECTORS_INSTALL, org_id, args=args)
+        return instance
+
+    async def check_connector(
+        self, org_id: str, name: str, *, principal: Principal | None = None
+    ) -> ConnectorInstance:
+        """Run the connector's health probe on this organisation's instance and record the
+        answer (``ok``, or why not; ``unknown`` without a probe)."""
+        args = {"connector": name}
+        caller = await self._authorize(principal, UseCase.CONNECTORS_CHECK, org_id, args=args)
+        definition = self._definition(name)
+        instance = await self.gov.instance(org_id, name)
+        if definition.health is None:
+            health = "unknown"
+        else:
+            try:
+                async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                    problem = await definition.health(instance.config)
+                health = "ok" if problem is None else f"failing: {problem}"
+            except TimeoutError:
+                health = f"failing: no answer in {HEALTH_TIMEOUT_S:g}s"
+            except Exception as exc:  # a probe's failure is the health it reports
+                health = f"failing: {type(exc).__name__}: {exc}"
+        checked = await self.gov.set_health(org_id, name, scrub(health))
+        await self._audited(caller, UseCase.CONNECTORS_CHECK, org_id, args=args)
+        return checked
+
+    async def create_grant(
+        self, org_id: str, request: GrantRequest, *, principal: Principal | None = None
+    ) -> ConnectorGrant:
+        """Grant a principal (or ``*``) calls of a connector's tools.
+
+        Raises:
+            NotFoundError: The connector is not registered or not installed here.
+            InvalidRequestError: A named tool is not the connector's, a constraint is
+                outside the supported subset, or the expiry has passed.
+        """
+        args = request.model_dump(mode="json")
+        caller = await self._authorize(principal, UseCase.GRANTS_CREATE, org_id, args=args)
+        self._definition(request.connector)
+        mine = set(self._tools_of(request.connector))
+        strangers = sorted(set(request.tools) - mine)
+        if strangers:
+            raise InvalidRequestError(
+                f"not tools of connector {request.connector!r}: {', '.join(strangers)}"
+            )
+        check_constraints(request.constraints)
+        if request.expires_at is not None:
+            if request.expires_at.tzinfo is None:
+                raise InvalidRequestError("expires_at needs a time zone")
+            if request.expires_at <= utcnow():
+                raise InvalidRequestError("expires_at is in the past")
+        grant = await self.gov.create_grant(
+            ConnectorGrant(org_id=org_id, created_by=caller.id, **request.model_dump())
+        )
+        await self._audited(caller, UseCase.GRANTS_CREATE, org_id, args=args)
+        return grant
+
+    async def list_grants(
+        self,
+        org_id: str,
+        *,
+        principal_id: str | None = None,
+        include_revoked: bool = False,
+        principal: Principal | None = None,
+    ) -> list[ConnectorGrant]:
+        await self._authorize(principal, UseCase.GRANTS_LIST, org_id)
+        return await self.gov.grants(
+            org_id, principal_id=principal_id, include_revoked=include_revoked
+        )
+
+    async def revoke_grant(
+        self, org_id: str, grant_id: UUID, *, principal: Principal | None = None
+    ) -> ConnectorGrant:
+        """Revoke a grant (at once: the gate reads grants on every call). Revoking a revoked
+        grant keeps its first revocation time."""
+        args = {"grant": str(grant_id)}
+        caller = await self._authorize(principal, UseCase.GRANTS_REVOKE, org_id, args=args)
+        revoked = await self.gov.revoke_grant(org_id, grant_id)
+        await self._audited(caller, UseCase.GRANTS_REVOKE, org_id, args=args)
+        return revoked
+
+    async def audit(
+        self,
+        org_id: str,
+        *,
+        run_id: UUID | None = None,
+        gate_only: bool = False,
+        principal: Principal | None = None,
+    ) -> list[dict[str, Any]]:
+        """The organisation's audit rows, oldest first (see ``Store.audit_rows``)."""
+        await self._authorize(principal, UseCase.AUDIT_READ, org_id)
+        return await self.store.audit_rows(org_id, run_id=run_id, gate_only=gate_only)

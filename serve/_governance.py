@@ -1,0 +1,288 @@
+"""Routes of the governance use cases (issue 18): connectors, grants, the audit log.
+
+They only parse, call ``Runtime.governance`` and render: the core decides and audits."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Path, Query
+from pydantic import Field
+
+from cortex_ray import CapabilityTier
+from cortex_ray.governance import (
+    ApprovalPolicy,
+    ConnectorGrant,
+    ConnectorInstance,
+    ConnectorView,
+    GrantRequest,
+)
+from serve._app import _ERRORS, MemberDep, OrgPath, StateDep, _member
+from serve._schemas import ApiError, JsonObject, _Body, _Out
+
+__all__ = ["governance_router"]
+
+ConnectorName = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")]
+_ADMIN: dict[int | str, dict[str, Any]] = {403: {"model": ApiError, "description": "not an admin"}}
+
+
+class ConnectorBody(_Out):
+    name: str
+    description: str
+    tools: list[str]
+    sensitive_fields: list[str]
+    installed: bool
+    enabled: bool
+    config: dict[str, Any]
+    health: str
+    health_checked_at: datetime | None
+
+    @classmethod
+    def of(cls, view: ConnectorView) -> ConnectorBody:
+        i = view.instance
+        return cls(
+            name=view.connector.name,
+            description=view.connector.description,
+            tools=list(view.tools),
+            sensitive_fields=list(view.connector.sensitive_fields),
+            installed=i is not None,
+            enabled=i is not None and i.enabled,
+            config={} if i is None else i.config,
+            health="not installed" if i is None else i.health,
+            health_checked_at=None if i is None else i.health_checked_at,
+        )
+
+
+class ConnectorList(_Out):
+    connectors: list[ConnectorBody]
+
+
+class InstanceBody(_Out):
+    connector: str
+    config: dict[str, Any]
+    enabled: bool
+    health: str
+    health_checked_at: datetime | None
+    created_at: datetime
+
+    @classmethod
+    def of(cls, i: ConnectorInstance) -> InstanceBody:
+        return cls(
+            connector=i.connector,
+            config=i.config,
+            enabled=i.enabled,
+            health=i.health,
+            health_checked_at=i.health_checked_at,
+            created_at=i.created_at,
+        )
+
+
+class ConnectorInstall(_Body):
+    config: JsonObject = Field(
+        default_factory=dict,
+        description="non-secret settings; `redact_fields` adds result fields to redact",
+    )
+    enabled: bool = True
+
+
+class GrantCreate(_Body):
+    principal_id: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[^\x00]+$",
+        description="a user's or agent's principal id (`agent:<uuid>`), or `*` for everyone",
+    )
+    connector: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    tools: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
+        default_factory=list, max_length=200, description="empty: all the connector's tools"
+    )
+    max_tier: CapabilityTier = CapabilityTier.READ
+    constraints: dict[str, JsonObject] = Field(
+        default_factory=dict,
+        description="per argument, a JSON-schema subset (enum, const, type, pattern, "
+        "minLength, maxLength, minimum, maximum, maxItems, items)",
+    )
+    approval: ApprovalPolicy = ApprovalPolicy.NEVER
+    expires_at: datetime | None = None
+
+
+class GrantBody(_Out):
+    id: UUID
+    principal_id: str
+    connector: str
+    tools: list[str]
+    max_tier: CapabilityTier
+    constraints: dict[str, Any]
+    approval: ApprovalPolicy
+    expires_at: datetime | None
+    created_by: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @classmethod
+    def of(cls, g: ConnectorGrant) -> GrantBody:
+        return cls(
+            id=g.id,
+            principal_id=g.principal_id,
+            connector=g.connector,
+            tools=list(g.tools),
+            max_tier=g.max_tier,
+            constraints=g.constraints,
+            approval=g.approval,
+            expires_at=g.expires_at,
+            created_by=g.created_by,
+            created_at=g.created_at,
+            revoked_at=g.revoked_at,
+        )
+
+
+class GrantList(_Out):
+    grants: list[GrantBody]
+
+
+class AuditRow(_Out):
+    id: int
+    at: datetime | None = None
+    principal_id: str
+    agent_id: UUID | None
+    mode: str | None
+    tool: str
+    action_type: str
+    tier: str | None
+    status: str
+    decision: str | None
+    reason: str | None
+    args: dict[str, Any]
+    input_sha256: str | None
+    result_sha256: str | None
+    source_ids: list[str] | None
+    connector: str | None
+    grant_ids: list[UUID] | None
+    run_id: UUID | None
+    step_index: int | None
+    session_id: UUID | None
+    workflow_id: UUID | None
+    run_mode: str | None
+    idempotency_key: str | None
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> AuditRow:
+        fields = set(cls.model_fields)
+        data = {k: v for k, v in row.items() if k in fields}
+        data["at"] = row.get("at") or row.get("created_at")
+        return cls(**data)
+
+
+class AuditList(_Out):
+    entries: list[AuditRow]
+
+
+def governance_router() -> APIRouter:
+    router = APIRouter(
+        prefix="/api/orgs/{org}", dependencies=[Depends(_member)], responses=dict(_ERRORS)
+    )
+
+    @router.get("/connectors", response_model=ConnectorList, tags=["governance"])
+    async def list_connectors(state: StateDep, org: OrgPath, principal: MemberDep) -> ConnectorList:
+        """Every registered connector, its tools, and its instance here (health included)."""
+        views = await state.runtime.governance.list_connectors(org, principal=principal)
+        return ConnectorList(connectors=[ConnectorBody.of(v) for v in views])
+
+    @router.put(
+        "/connectors/{name}", response_model=InstanceBody, tags=["governance"], responses=_ADMIN
+    )
+    async def install_connector(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        name: ConnectorName,
+        body: ConnectorInstall,
+    ) -> InstanceBody:
+        """Install a registered connector here, or change its configuration or enable it
+        (admins). Credentials never go in the configuration (422)."""
+        instance = await state.runtime.governance.install_connector(
+            org, name, config=body.config, enabled=body.enabled, principal=principal
+        )
+        return InstanceBody.of(instance)
+
+    @router.post(
+        "/connectors/{name}/check",
+        response_model=InstanceBody,
+        tags=["governance"],
+        responses=_ADMIN,
+    )
+    async def check_connector(
+        state: StateDep, org: OrgPath, principal: MemberDep, name: ConnectorName
+    ) -> InstanceBody:
+        """Run the connector's health probe on this organisation's instance (admins)."""
+        instance = await state.runtime.governance.check_connector(org, name, principal=principal)
+        return InstanceBody.of(instance)
+
+    @router.get("/grants", response_model=GrantList, tags=["governance"], responses=_ADMIN)
+    async def list_grants(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        principal_id: Annotated[
+            str | None, Query(alias="principalId", min_length=1, max_length=200)
+        ] = None,
+        include_revoked: Annotated[bool, Query(alias="includeRevoked")] = False,
+    ) -> GrantList:
+        """The organisation's connector grants (admins), oldest first."""
+        grants = await state.runtime.governance.list_grants(
+            org, principal_id=principal_id, include_revoked=include_revoked, principal=principal
+        )
+        return GrantList(grants=[GrantBody.of(g) for g in grants])
+
+    @router.post(
+        "/grants",
+        response_model=GrantBody,
+        status_code=201,
+        tags=["governance"],
+        responses=_ADMIN,
+    )
+    async def create_grant(
+        state: StateDep, org: OrgPath, principal: MemberDep, body: GrantCreate
+    ) -> GrantBody:
+        """Grant a principal (or `*`) calls of a connector's tools (admins); the gate
+        checks it before every call of those tools."""
+        request = GrantRequest(
+            principal_id=body.principal_id,
+            connector=body.connector,
+            tools=tuple(body.tools),
+            max_tier=body.max_tier,
+            constraints=body.constraints,
+            approval=body.approval,
+            expires_at=body.expires_at,
+        )
+        grant = await state.runtime.governance.create_grant(org, request, principal=principal)
+        return GrantBody.of(grant)
+
+    @router.delete(
+        "/grants/{grant_id}", response_model=GrantBody, tags=["governance"], responses=_ADMIN
+    )
+    async def revoke_grant(
+        state: StateDep, org: OrgPath, principal: MemberDep, grant_id: UUID
+    ) -> GrantBody:
+        """Revoke a grant (admins); it stops allowing calls at once and keeps its row."""
+        grant = await state.runtime.governance.revoke_grant(org, grant_id, principal=principal)
+        return GrantBody.of(grant)
+
+    @router.get("/audit", response_model=AuditList, tags=["governance"], responses=_ADMIN)
+    async def read_audit(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        run_id: Annotated[UUID | None, Query(alias="runId")] = None,
+        gate_only: Annotated[bool, Query(alias="gateOnly")] = False,
+    ) -> AuditList:
+        """The organisation's audit log, oldest first (admins): every gate decision with
+        its tier, hashes, source ids and grants; with ``gateOnly`` no use-case rows."""
+        rows = await state.runtime.governance.audit(
+            org, run_id=run_id, gate_only=gate_only, principal=principal
+        )
+        return AuditList(entries=[AuditRow.of(r) for r in rows])
+
+    return router

@@ -1,0 +1,102 @@
+"""``cortex-ray connectors|grants|audit`` as a real subprocess (issue 18, point 8), with a
+connector that an installed package offers through the ``cortex_ray.connectors`` entry
+point group (a real distribution on the subprocess's path)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.test_cli import assert_one_line_error, cli_env, cortex
+
+__all__ = ["cli_env"]  # the fixture, imported
+
+PACKAGE = """
+from cortex_ray import CapabilityTier
+from cortex_ray.act import Tool
+from cortex_ray.governance import Connector
+
+
+async def _lookup(ctx, args):
+    return {"name": args["name"], "email": "x@example.com"}
+
+
+connector = Connector(name="crm", description="The CRM.", sensitive_fields=("email",))
+tools = [
+    Tool(name="crm_lookup", description="Look up.", handler=_lookup,
+         parameters={"type": "object", "properties": {"name": {"type": "string"}}},
+         tier=CapabilityTier.READ, connector="crm"),
+    Tool(name="crm_update", description="Change.", handler=_lookup, connector="crm"),
+]
+"""
+
+
+@pytest.fixture(scope="module")
+def env(
+    cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    site = tmp_path_factory.mktemp("site")
+    (site / "fake_crm.py").write_text(PACKAGE)
+    info = site / "fake_crm-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-crm\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[cortex_ray.connectors]\ncrm = fake_crm\n")
+    path = ":".join(p for p in (str(site), cli_env.get("PYTHONPATH", "")) if p)
+    yield {**cli_env, "PYTHONPATH": path}
+
+
+def test_connectors_and_grants_from_the_command_line(env: dict[str, str]) -> None:
+    org = f"cli-{uuid.uuid4().hex[:8]}"
+
+    def run(*args: str) -> str:
+        result = cortex(env, "--org", org, *args)
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+        return result.stdout
+
+    listed = run("connectors", "list")
+    assert re.search(r"crm\s+no\s+crm_lookup, crm_update", listed), listed
+    assert_one_line_error(
+        cortex(env, "--org", org, "grants", "create", "*", "crm"), 1, "not installed"
+    )
+    assert_one_line_error(
+        cortex(
+            env, "--org", org, "connectors", "install", "crm", "--config", '{"password": "hunter2"}'
+        ),
+        2,
+        "credential",
+    )
+    assert_one_line_error(
+        cortex(env, "--org", org, "connectors", "install", "crm", "--config", "[1]"),
+        2,
+        "--config must be a JSON object",
+    )
+    assert "installed" in run("connectors", "install", "crm", "--config", '{"region": "eu"}')
+    assert "crm: unknown" in run("connectors", "check", "crm")
+    for args, code, why in [
+        (("--tool", "crm_delete"), 2, "not tools of connector 'crm': crm_delete"),
+        (("--constraint", "region=nope"), 2, "--constraint region is not JSON"),
+        (("--constraint", 'region={"format": "x"}'), 2, "'format' is not supported"),
+        (("--tier", "root"), 2, ""),
+    ]:
+        result = cortex(env, "--org", org, "grants", "create", "*", "crm", *args)
+        assert result.returncode == code, (args, result.stderr)
+        assert why in result.stderr
+    made = run(
+        "grants", "create", "bob", "crm", "--tool", "crm_update", "--tier", "write",
+        "--constraint", 'region={"enum": ["eu"]}', "--approval", "writes",
+    )  # fmt: skip
+    grant_id = re.search(r"grant ([0-9a-f-]{36})", made)
+    assert grant_id, made
+    assert grant_id.group(1) in run("grants", "list")
+    assert "revoked" in run("grants", "revoke", grant_id.group(1))
+    assert grant_id.group(1) not in run("grants", "list")
+    assert "revoked" in run("grants", "list", "--all")
+    assert_one_line_error(
+        cortex(env, "--org", org, "grants", "revoke", "nope"), 2, "not a grant id"
+    )
+    audit = run("audit")
+    for label in ("connectors.install", "grants.create", "grants.revoke"):
+        assert label in audit
