@@ -214,7 +214,9 @@ class Runtime:
         searching = [knowledge_search_tool(knowledge)] if knowledge is not None else []
         self.registry = ToolRegistry([*builtin_tools(), *searching, *tools], classifier)
         # Connector tools are decided by their grants too, in the same gate (issue 18).
-        self.connector_policy = ConnectorPolicy(GovernanceStore(db), connectors)
+        self.connector_policy = ConnectorPolicy(
+            GovernanceStore(db), connectors, cache_s=settings.grant_cache_s
+        )
         self.dispatcher = ToolDispatcher(
             self.registry,
             self.access,

@@ -562,6 +562,13 @@ class Settings(BaseSettings):
     tool_output_chars: int = Field(
         default=4000, ge=64, description="tool output kept in an observation"
     )
+    grant_cache_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="how long a process reuses the connector grants it read for a call "
+        "(0: read them on every call); a grant made or revoked through this process counts "
+        "at once, through another within this time (docs/governance.md)",
+    )
     stop_after_repeats: int = Field(
         default=3,
         ge=0,

@@ -263,3 +263,21 @@ def test_constraints_outside_the_subset_are_refused() -> None:
         check_constraints({"to": {}})
     with pytest.raises(InvalidRequestError, match="invalid constraint"):
         check_constraints({"to": {"type": "nonsense"}})
+
+
+async def test_the_grant_cache_is_dropped_when_grants_change_here(store, gov, org) -> None:
+    """With ``grant_cache_s`` a process reuses what it read; a change made through it (the
+    use cases call ``invalidate``) counts at once. Expiry is still judged at each call."""
+    policy = ConnectorPolicy(gov, [CRM], cache_s=3600)
+    gate = ToolDispatcher(
+        ToolRegistry(TOOLS), AccessControlService(), store, Settings(), governance=policy
+    )
+    agent = agent_for(org)
+    await install(store, gov, org)
+    g = await grant(gov, org, agent.principal().id)
+    assert (await call(gate, agent, "crm_lookup", {"name": "a"})).status is ObservationStatus.OK
+    await gov.revoke_grant(org, g.id)  # behind the policy's back: the cached grant stands
+    assert (await call(gate, agent, "crm_lookup", {"name": "a"})).status is ObservationStatus.OK
+    policy.invalidate(org)
+    obs = await call(gate, agent, "crm_lookup", {"name": "a"})
+    assert obs.status is ObservationStatus.REFUSED and "has no grant" in obs.summary

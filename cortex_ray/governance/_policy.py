@@ -11,6 +11,7 @@ approval policy is that principal's; the call needs approval when any principal'
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
@@ -26,12 +27,14 @@ from cortex_ray.governance._types import (
     ApprovalPolicy,
     Connector,
     ConnectorGrant,
+    ConnectorInstance,
     Verdict,
 )
 
 __all__ = ["REDACTED", "ConnectorPolicy", "check_constraints", "redact"]
 
 REDACTED = "[REDACTED]"
+_CACHE_ENTRIES = 10_000
 
 _CONSTRAINT_KEYWORDS = frozenset(
     {
@@ -105,12 +108,45 @@ def redact(value: Any, fields: frozenset[str]) -> tuple[Any, int]:
 class ConnectorPolicy:
     """Connector definitions (registered in code) and the decision on each call."""
 
-    def __init__(self, store: GovernanceStore, connectors: Iterable[Connector] = ()) -> None:
+    def __init__(
+        self,
+        store: GovernanceStore,
+        connectors: Iterable[Connector] = (),
+        *,
+        cache_s: float = 0.0,
+    ) -> None:
         self.store = store
+        self.cache_s = cache_s
+        """How long the instance and grants read for a call are reused (0: never)."""
+        self._cache: dict[
+            tuple[str, str, tuple[str, ...]],
+            tuple[float, ConnectorInstance | None, list[ConnectorGrant]],
+        ] = {}
         self.connectors: dict[str, Connector] = {}
         self._validators: dict[tuple[UUID, str], jsonschema.Draft202012Validator] = {}
         for connector in connectors:
             self.register(connector)
+
+    def invalidate(self, org_id: str) -> None:
+        """Forget what was read for ``org_id`` (its grants or instances changed)."""
+        for key in [k for k in self._cache if k[0] == org_id]:
+            self._cache.pop(key, None)
+
+    async def _for_call(
+        self, org_id: str, connector: str, principal_ids: Sequence[str]
+    ) -> tuple[ConnectorInstance | None, list[ConnectorGrant]]:
+        if self.cache_s <= 0:
+            return await self.store.for_call(org_id, connector, principal_ids)
+        key = (org_id, connector, tuple(principal_ids))
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1], hit[2]
+        instance, grants = await self.store.for_call(org_id, connector, principal_ids)
+        if len(self._cache) >= _CACHE_ENTRIES:
+            self._cache.clear()
+        self._cache[key] = (now + self.cache_s, instance, grants)
+        return instance, grants
 
     def register(self, connector: Connector) -> None:
         if not connector.name.isidentifier():
@@ -131,7 +167,7 @@ class ConnectorPolicy:
         definition = self.connectors.get(connector)
         if definition is None:
             return Verdict("deny", f"connector {connector!r} is not registered")
-        instance, grants = await self.store.for_call(org_id, connector, principal_ids)
+        instance, grants = await self._for_call(org_id, connector, principal_ids)
         if instance is None:
             return Verdict("deny", f"connector {connector!r} is not installed in this organisation")
         if not instance.enabled:

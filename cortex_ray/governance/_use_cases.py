@@ -120,6 +120,7 @@ class Governance:
         instance = await self.gov.put_instance(
             ConnectorInstance(org_id=org_id, connector=name, config=config, enabled=enabled)
         )
+        self.policy.invalidate(org_id)
         await self._audited(caller, UseCase.CONNECTORS_INSTALL, org_id, args=args)
         return instance
 
@@ -175,6 +176,7 @@ class Governance:
         grant = await self.gov.create_grant(
             ConnectorGrant(org_id=org_id, created_by=caller.id, **request.model_dump())
         )
+        self.policy.invalidate(org_id)
         await self._audited(caller, UseCase.GRANTS_CREATE, org_id, args=args)
         return grant
 
@@ -199,6 +201,7 @@ class Governance:
         args = {"grant": str(grant_id)}
         caller = await self._authorize(principal, UseCase.GRANTS_REVOKE, org_id, args=args)
         revoked = await self.gov.revoke_grant(org_id, grant_id)
+        self.policy.invalidate(org_id)
         await self._audited(caller, UseCase.GRANTS_REVOKE, org_id, args=args)
         return revoked
 
