@@ -12,9 +12,16 @@ from rich.text import Text
 
 from cortex_ray._exceptions import InvalidRequestError
 from cortex_ray._types import CapabilityTier, Principal
-from cortex_ray.governance import ApprovalPolicy, GrantRequest
+from cortex_ray.governance import ApprovalPolicy, GrantRequest, RunLabel
 
-__all__ = ["audit", "connectors_app", "grants_app"]
+__all__ = [
+    "audit",
+    "connectors_app",
+    "grants_app",
+    "runs_acceptance",
+    "runs_label",
+    "runs_report",
+]
 
 
 def _cli() -> Any:
@@ -250,6 +257,95 @@ def audit(
                 r["decision"] or r["status"],
                 (r["result_sha256"] or "")[:12],
                 Text(_cli()._shorten(r["reason"] or "", 80)),
+            )
+        _cli()._out.print(table)
+        return 0
+
+    _cli()._execute(work())
+
+
+def runs_report(
+    ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="The run's id.")]
+) -> None:
+    """What a run did and, dry or shadow, would have done (from its audit rows)."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        key = _cli()._parse_uuid(run_id, "run")
+        async with _cli()._runtime(with_models=False) as runtime:
+            report = await runtime.governance.run_report(
+                org, key, principal=Principal.operator(org)
+            )
+        table = _cli()._list_table(f"run {report.run_id}: {report.run_mode}, {report.status}")
+        for column in ("step", "what", "tool", "tier", "arguments"):
+            table.add_column(column, overflow="fold")
+        for what, calls in (
+            ("executed", report.executed),
+            ("simulated", report.simulated),
+            ("proposed", report.proposed),
+            ("refused", report.refused),
+            ("failed", report.failed),
+        ):
+            for c in calls:
+                table.add_row(
+                    "" if c.step_index is None else str(c.step_index + 1),
+                    what,
+                    c.tool,
+                    c.tier or "",
+                    Text(_cli()._shorten(json.dumps(c.args, ensure_ascii=False), 80)),
+                )
+        _cli()._out.print(table)
+        if report.label is not None:
+            _cli()._out.print(
+                Text(f"label: {report.label.label.value} by {report.label.labelled_by}")
+            )
+        return 0
+
+    _cli()._execute(work())
+
+
+def runs_label(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The shadow run's id.")],
+    label: Annotated[RunLabel, typer.Argument(help="accepted, rejected or mixed.")],
+    note: Annotated[str, typer.Option("--note", help="Why.")] = "",
+) -> None:
+    """Label an ended shadow run's proposals (never executes them)."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        key = _cli()._parse_uuid(run_id, "run")
+        async with _cli()._runtime(with_models=False) as runtime:
+            record = await runtime.governance.label_run(
+                org, key, label, note=note, principal=Principal.operator(org)
+            )
+        _cli()._out.print(Text(f"run {record.run_id}: {record.label.value}"))
+        return 0
+
+    _cli()._execute(work())
+
+
+def runs_acceptance(
+    ctx: typer.Context,
+    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent.")] = None,
+) -> None:
+    """Acceptance of shadow runs per agent: runs, labels, proposals, rate."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        async with _cli()._runtime(with_models=False) as runtime:
+            rows = await runtime.governance.shadow_report(
+                org, agent_ref=agent, principal=Principal.operator(org)
+            )
+        table = _cli()._list_table(f"shadow runs in {org}")
+        for column in ("agent", "runs", "labelled", "accepted", "rejected", "mixed", "rate"):
+            table.add_column(column)
+        for r in rows:
+            rate = "" if r.acceptance_rate is None else f"{r.acceptance_rate:.0%}"
+            table.add_row(
+                r.agent_name,
+                *(str(v) for v in (r.runs, r.labelled, r.accepted, r.rejected, r.mixed)),
+                rate,
             )
         _cli()._out.print(table)
         return 0

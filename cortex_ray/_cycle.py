@@ -860,6 +860,7 @@ def _run_context(agent: Agent, run: TaskRun, step_index: int) -> InvocationConte
         mode=AgentMode.AUTONOMOUS,
         run_id=run.id,
         step_index=step_index,
+        run_mode=run.run_mode,
     )
 
 

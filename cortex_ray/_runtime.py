@@ -64,6 +64,7 @@ from cortex_ray._types import (
     PrincipalKind,
     ProceduralProposal,
     ProposalStatus,
+    RunMode,
     RunStatus,
     ScoredMemory,
     Session,
@@ -640,15 +641,24 @@ class Runtime:
         caller_id: str | None = None,
         contact_context: dict[str, Any] | None = None,
         principal: Principal | None = None,
+        run_mode: RunMode = RunMode.EXECUTE,
     ) -> TaskRun:
         """Validate and record a new RUNNING task run (nothing is executed yet; hand its id
         to an ``Executor``, or call :meth:`drive_run`).
 
         ``caller_id`` is the person the run acts for; the calling principal is recorded as
         ``requested_by``. ``contact_context`` (a JSON object, at most 8 KiB) is shown to the
-        agent with the goal."""
+        agent with the goal. ``run_mode``: execute, dry_run or shadow (``RunMode``)."""
         _, _, run = await self._start(
-            org_id, agent_ref, goal, max_steps, name, caller_id, contact_context, principal
+            org_id,
+            agent_ref,
+            goal,
+            max_steps,
+            name,
+            caller_id,
+            contact_context,
+            principal,
+            run_mode,
         )
         return run
 
@@ -662,8 +672,11 @@ class Runtime:
         caller_id: str | None,
         contact_context: dict[str, Any] | None,
         principal: Principal | None,
+        run_mode: RunMode = RunMode.EXECUTE,
     ) -> tuple[Principal, Agent, TaskRun]:
         args: dict[str, Any] = {"agent": str(agent_ref), "max_steps": max_steps}
+        if run_mode is not RunMode.EXECUTE:
+            args["run_mode"] = run_mode.value
         caller, agent = await self._agent_for(
             principal, UseCase.TASKS_SUBMIT, org_id, agent_ref, args=args
         )
@@ -707,6 +720,7 @@ class Runtime:
                 contact_context=contact_context or None,
                 # every attempt's spans go under this (the hop to the actor is the run's row)
                 trace_parent=current_traceparent(),
+                run_mode=run_mode,
             )
             # The submission's OK row goes in the run's own transaction: one round trip of
             # statements instead of a second transaction, and never a run without its row.
@@ -732,11 +746,12 @@ class Runtime:
         caller_id: str | None = None,
         on_step: StepCallback | None = None,
         principal: Principal | None = None,
+        run_mode: RunMode = RunMode.EXECUTE,
     ) -> TaskRun:
         """Run an agent autonomously against ``goal`` here, until it finishes or the budget
         ends (``start_run`` + ``drive_run``)."""
         _, agent, run = await self._start(
-            org_id, agent_ref, goal, max_steps, name, caller_id, None, principal
+            org_id, agent_ref, goal, max_steps, name, caller_id, None, principal, run_mode
         )
         return await self.cycle.drive(agent, run, on_step, owner=self.driver_id)
 

@@ -253,6 +253,24 @@ class ObservationStatus(StrEnum):
     ERROR = "ERROR"
     TIMEOUT = "TIMEOUT"
     CANCELLED = "CANCELLED"
+    SIMULATED = "SIMULATED"
+    """A dry run's WRITE or ADMIN call: validated and allowed, not executed."""
+    PROPOSED = "PROPOSED"
+    """A shadow run's WRITE or ADMIN call: recorded as a proposal, never executed."""
+
+
+class RunMode(StrEnum):
+    """How a run's calls take effect (docs/governance.md, "Run modes").
+
+    EXECUTE runs every allowed call; DRY_RUN validates and decides every call but runs only
+    READ tools (the others are SIMULATED, and the run's report lists them); SHADOW runs READ
+    tools and records every WRITE or ADMIN call as a proposal (PROPOSED) that nothing ever
+    executes, for a person to label the run.
+    """
+
+    EXECUTE = "execute"
+    DRY_RUN = "dry_run"
+    SHADOW = "shadow"
 
 
 class Observation(_Model):
@@ -520,6 +538,9 @@ class TaskRun(_Model):
     )
     cost: RunCost | None = Field(
         default=None, description="tokens and seconds spent, over the attempts so far"
+    )
+    run_mode: RunMode = Field(
+        default=RunMode.EXECUTE, description="execute, dry_run or shadow (RunMode)"
     )
 
     def objective(self) -> str:

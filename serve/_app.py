@@ -776,6 +776,7 @@ def _org_router() -> APIRouter:
             caller_id=payload.caller_user_id or principal.id,
             contact_context=payload.contact_context,
             principal=principal,
+            run_mode=body.run_mode,
         )
         await state.executor.start_run(org, run.id)
         location = f"/api/orgs/{org}/tasks/{run.id}"

@@ -18,6 +18,8 @@ from cortex_ray.governance import (
     ConnectorInstance,
     ConnectorView,
     GrantRequest,
+    RunLabel,
+    RunReport,
 )
 from serve._app import _ERRORS, MemberDep, OrgPath, StateDep, _member
 from serve._schemas import ApiError, JsonObject, _Body, _Out
@@ -179,6 +181,60 @@ class AuditList(_Out):
     entries: list[AuditRow]
 
 
+class LabelBody(_Out):
+    run_id: UUID
+    label: RunLabel
+    note: str
+    labelled_by: str
+    labelled_at: datetime
+
+
+class ReportedCallBody(_Out):
+    step_index: int | None
+    tool: str
+    tier: str | None
+    decision: str
+    args: dict[str, Any]
+    reason: str | None
+
+
+class ReportBody(_Out):
+    run_id: UUID
+    run_mode: str
+    status: str
+    executed: list[ReportedCallBody]
+    simulated: list[ReportedCallBody]
+    proposed: list[ReportedCallBody]
+    refused: list[ReportedCallBody]
+    failed: list[ReportedCallBody]
+    label: LabelBody | None
+
+    @classmethod
+    def of(cls, report: RunReport) -> ReportBody:
+        return cls.model_validate(report.model_dump())
+
+
+class AcceptanceBody(_Out):
+    agent_id: UUID
+    agent_name: str
+    runs: int
+    labelled: int
+    accepted: int
+    rejected: int
+    mixed: int
+    proposals: int
+    acceptance_rate: float | None
+
+
+class LabelCreate(_Body):
+    label: RunLabel
+    note: str = Field(default="", max_length=2000, pattern=r"^[^\x00]*$")
+
+
+class ShadowAcceptanceList(_Out):
+    agents: list[AcceptanceBody]
+
+
 def governance_router() -> APIRouter:
     router = APIRouter(
         prefix="/api/orgs/{org}", dependencies=[Depends(_member)], responses=dict(_ERRORS)
@@ -284,5 +340,45 @@ def governance_router() -> APIRouter:
             org, run_id=run_id, gate_only=gate_only, principal=principal
         )
         return AuditList(entries=[AuditRow.of(r) for r in rows])
+
+    @router.get("/tasks/{task_id}/report", response_model=ReportBody, tags=["tasks"])
+    async def task_report(
+        state: StateDep, org: OrgPath, principal: MemberDep, task_id: UUID
+    ) -> ReportBody:
+        """What the run did and, in a dry or shadow run, would have done: its executed,
+        simulated, proposed and refused calls (from the audit log), and its label."""
+        report = await state.runtime.governance.run_report(org, task_id, principal=principal)
+        return ReportBody.of(report)
+
+    @router.post(
+        "/tasks/{task_id}/label",
+        response_model=LabelBody,
+        tags=["tasks"],
+        responses={409: {"model": ApiError, "description": "the run has not ended"}},
+    )
+    async def label_task(
+        state: StateDep, org: OrgPath, principal: MemberDep, task_id: UUID, body: LabelCreate
+    ) -> LabelBody:
+        """A person labels an ended shadow run: accepted, rejected or mixed. Labelling
+        never executes a proposal."""
+        record = await state.runtime.governance.label_run(
+            org, task_id, body.label, note=body.note, principal=principal
+        )
+        return LabelBody.model_validate(record.model_dump())
+
+    @router.get("/shadow/acceptance", response_model=ShadowAcceptanceList, tags=["tasks"])
+    async def shadow_acceptance(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        agent_id: Annotated[str | None, Query(alias="agentId", pattern=r"^[^\x00]{1,200}$")] = None,
+    ) -> ShadowAcceptanceList:
+        """Per agent: shadow runs, how people labelled them, proposals, acceptance rate."""
+        rows = await state.runtime.governance.shadow_report(
+            org, agent_ref=agent_id, principal=principal
+        )
+        return ShadowAcceptanceList(
+            agents=[AcceptanceBody.model_validate(r.model_dump()) for r in rows]
+        )
 
     return router

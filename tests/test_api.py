@@ -817,6 +817,9 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
         ),
         "revoke_grant": ("DELETE", f"{base}/grants/{uuid.UUID(int=9)}", {}),
         "read_audit": ("GET", f"{base}/audit", {"params": {"runId": estate.task_id}}),
+        "task_report": ("GET", f"{base}/tasks/{{task_id}}/report", {}),
+        "label_task": ("POST", f"{base}/tasks/{{task_id}}/label", {"json": {"label": "accepted"}}),
+        "shadow_acceptance": ("GET", f"{base}/shadow/acceptance", {}),
     }
     return {op: (m, url.format(**values), kw) for op, (m, url, kw) in routes.items()}
 
@@ -898,6 +901,7 @@ async def test_no_route_reads_or_writes_another_organisation(
         "list_connectors": 200,
         "list_grants": 200,
         "read_audit": 200,
+        "shadow_acceptance": 200,
     }
     for op, (method, url, kwargs) in requests_for(estate, intruder.org).items():
         r = await client.request(method, url, headers=intruder.auth(intruder.admin), **kwargs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,53 @@ def test_connectors_and_grants_from_the_command_line(env: dict[str, str]) -> Non
     audit = run("audit")
     for label in ("connectors.install", "grants.create", "grants.revoke"):
         assert label in audit
+
+
+async def test_run_reports_labels_and_acceptance_from_the_command_line(
+    env: dict[str, str],
+) -> None:
+    """A shadow run made in this process (scripted planner) is read, labelled and counted
+    by the CLI in another; bad input is one line naming what was wrong."""
+    from cortex_ray import RunMode, Runtime, Settings
+    from cortex_ray.memory import HeuristicImportanceScorer
+    from cortex_ray.models import HashEmbedder, ScriptedModelClient
+    from tests.test_connector_grants import CRM, TOOLS
+    from tests.test_run_modes import plan, setup
+
+    org = f"cli-{uuid.uuid4().hex[:8]}"
+    settings = Settings(
+        data_dir=Path(env["CORTEX_DATA_DIR"]),
+        database_url=env.get("CORTEX_DATABASE_URL"),
+        embedding_backend="hash",
+        candidates=1,
+    )
+    runtime = await Runtime.open(
+        settings,
+        model=ScriptedModelClient(responder=plan),
+        embedder=HashEmbedder(384),
+        importance=HeuristicImportanceScorer(),
+        tools=TOOLS,
+        connectors=[CRM],
+    )
+    try:
+        agent = await setup(runtime, org)
+        run = await runtime.run_autonomous(org, agent, "g", max_steps=4, run_mode=RunMode.SHADOW)
+    finally:
+        await runtime.close()
+
+    def run_cli(*args: str) -> str:
+        result = cortex(env, "--org", org, *args)
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+        return result.stdout
+
+    report = run_cli("runs", "report", str(run.id))
+    assert re.search(r"2\s+proposed\s+crm_update\s+write", report), report
+    assert re.search(r"1\s+executed\s+crm_lookup\s+read", report), report
+    bad = cortex(env, "--org", org, "runs", "label", str(run.id), "great")
+    assert bad.returncode == 2 and "great" in bad.stderr
+    assert "accepted" in run_cli("runs", "label", str(run.id), "accepted", "--note", "fine")
+    assert "label: accepted by operator" in run_cli("runs", "report", str(run.id))
+    assert re.search(r"clerk\s+1\s+1\s+1\s+0\s+0\s+100%", run_cli("runs", "acceptance"))
+    assert_one_line_error(
+        cortex(env, "--org", org, "runs", "report", str(uuid.uuid4())), 1, "not found"
+    )

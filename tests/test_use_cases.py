@@ -31,7 +31,7 @@ from cortex_ray import (
 from cortex_ray._types import DecisionKind, MemorySnapshot, RunStatus, WorkingMemory
 from cortex_ray.access import UseCase
 from cortex_ray.evals import Cassette, EvalCase, EvalSuite, RecordedStep, SameDecisions
-from cortex_ray.governance import GrantRequest
+from cortex_ray.governance import GrantRequest, RunLabel
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import HashEmbedder
 from cortex_ray.storage import Database
@@ -223,6 +223,12 @@ REFUSALS: dict[UseCase, tuple[str, Call]] = {
         lambda r, w: r.governance.revoke_grant(w.org, uuid.uuid4(), principal=w.member),
     ),
     UseCase.AUDIT_READ: ("member", lambda r, w: r.governance.audit(w.org, principal=w.member)),
+    UseCase.TASKS_LABEL: (
+        "outsider",
+        lambda r, w: r.governance.label_run(
+            w.org, w.run_id, RunLabel.ACCEPTED, principal=w.outsider
+        ),
+    ),
 }
 
 

@@ -136,6 +136,8 @@ class UseCase(Enum):
     GRANTS_CREATE = ("grants.create", ActionType.GROUNDING, Tier.ADMIN, True)
     GRANTS_REVOKE = ("grants.revoke", ActionType.GROUNDING, Tier.ADMIN, True)
     AUDIT_READ = ("audit.read", ActionType.RETRIEVAL, Tier.ADMIN, False)
+    # A person's label of a shadow run (what the acceptance report counts).
+    TASKS_LABEL = ("tasks.label", ActionType.GROUNDING, Tier.WRITE, True)
 
     def __init__(self, label: str, category: ActionType, tier: Tier, audit_allowed: bool) -> None:
         self.label = label
@@ -187,6 +189,8 @@ def _authorize(
         and not principal.is_admin
     ):
         return AccessDecision(False, "only the run's caller or an admin may cancel it")
+    if use_case is UseCase.TASKS_LABEL and principal.kind is not PrincipalKind.USER:
+        return AccessDecision(False, "only a person labels a run")
     if use_case is UseCase.SESSIONS_MESSAGE and request.owner_id != principal.id:
         return AccessDecision(False, "only the session's own caller may talk in it")
     if use_case is UseCase.MEMORY_SEARCH and not principal.is_admin:

@@ -46,6 +46,7 @@ from cortex_ray._types import (
     Observation,
     ObservationStatus,
     Principal,
+    RunMode,
     ToolSpec,
 )
 from cortex_ray.access import AccessControlService
@@ -75,6 +76,8 @@ class InvocationContext:
     """The call's idempotency key when it is not the run step's (``f"{run_id}:{step_index}"``,
     derived): a turn's round (``f"turn:{turn_id}:{round}"``) or a direct call's
     ``Idempotency-Key``. ``None`` in a run: the step's key is used."""
+    run_mode: RunMode = RunMode.EXECUTE
+    """A dry run simulates, a shadow run proposes, every WRITE or ADMIN call it allows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,10 @@ def _decision(status: str, reason: str | None) -> str:
         return "refused"
     if status == ObservationStatus.CANCELLED:
         return "cancelled"
+    if status == ObservationStatus.SIMULATED:
+        return "simulated"
+    if status == ObservationStatus.PROPOSED:
+        return "proposed"
     return "error"
 
 
@@ -264,7 +271,7 @@ class ToolDispatcher:
             facts = _CallFacts()
             try:
                 observation, reason = await self._run(
-                    tctx, tool, tool_name, action_type, tier, args, facts
+                    tctx, tool, tool_name, action_type, tier, args, facts, ctx.run_mode
                 )
             except asyncio.CancelledError:
                 # Record the cancelled call, then let the cancellation go on.
@@ -399,6 +406,7 @@ class ToolDispatcher:
             source_ids=facts.source_ids,
             connector=connector,
             grant_ids=facts.grant_ids,
+            run_mode=None if ctx.run_id is None else ctx.run_mode.value,
         )
 
     def audit_entry(
@@ -440,6 +448,7 @@ class ToolDispatcher:
         tier: CapabilityTier,
         args: dict[str, Any],
         facts: _CallFacts,
+        run_mode: RunMode = RunMode.EXECUTE,
     ) -> tuple[Observation, str | None]:
         def refuse(reason: str) -> tuple[Observation, str]:
             obs = Observation(
@@ -484,8 +493,21 @@ class ToolDispatcher:
             facts.grant_ids = verdict.grant_ids
             if verdict.decision == "deny":
                 return refuse(f"access denied: {verdict.reason}")
-            if verdict.decision == "approval":
+            if verdict.decision == "approval" and (
+                run_mode is RunMode.EXECUTE or tier is CapabilityTier.READ
+            ):
                 return refuse(f"approval required: {verdict.reason}")
+        if run_mode is not RunMode.EXECUTE and tier is not CapabilityTier.READ:
+            # Decided like any call (schema, grants, constraints), then not run: nothing
+            # with a side effect happens in a dry run or a shadow run.
+            if run_mode is RunMode.DRY_RUN:
+                status = ObservationStatus.SIMULATED
+                summary = "dry run: allowed, not executed (would change something)"
+            else:
+                status = ObservationStatus.PROPOSED
+                summary = "shadow run: recorded as a proposal for review, not executed"
+            obs = Observation(tool=name, action_type=action_type, status=status, summary=summary)
+            return obs, None
         for hook in self.hooks:
             veto = await hook.before(ctx, tool, args)
             if veto:
@@ -536,4 +558,6 @@ def _access(status: ObservationStatus, reason: str | None) -> str:
         if (reason or "").startswith("approval required"):
             return "approval"
         return "denied" if (reason or "").startswith("access denied") else "refused"
+    if status in (ObservationStatus.SIMULATED, ObservationStatus.PROPOSED):
+        return status.value.lower()
     return "allowed"

@@ -11,6 +11,11 @@ from cortex_ray.governance._types import (
     ConnectorInstance,
     GrantRequest,
     HealthProbe,
+    ReportedCall,
+    RunLabel,
+    RunLabelRecord,
+    RunReport,
+    ShadowAcceptance,
     Verdict,
 )
 from cortex_ray.governance._use_cases import ConnectorView, Governance
@@ -28,6 +33,11 @@ __all__ = [
     "GovernanceStore",
     "GrantRequest",
     "HealthProbe",
+    "ReportedCall",
+    "RunLabel",
+    "RunLabelRecord",
+    "RunReport",
+    "ShadowAcceptance",
     "Verdict",
     "check_constraints",
     "discover_connectors",

@@ -10,7 +10,13 @@ from psycopg.types.json import Jsonb
 
 from cortex_ray._exceptions import NotFoundError
 from cortex_ray._types import utcnow
-from cortex_ray.governance._types import ConnectorGrant, ConnectorInstance
+from cortex_ray.governance._types import (
+    ConnectorGrant,
+    ConnectorInstance,
+    RunLabel,
+    RunLabelRecord,
+    ShadowAcceptance,
+)
 from cortex_ray.storage import Database
 
 __all__ = ["GovernanceStore"]
@@ -193,3 +199,78 @@ class GovernanceStore:
             return None, []
         instance = ConnectorInstance.model_validate(row["instance"])
         return instance, [ConnectorGrant.model_validate(g) for g in row["grants"]]
+
+    async def put_label(
+        self, org_id: str, run_id: UUID, label: RunLabel, note: str, by: str
+    ) -> RunLabelRecord:
+        """Label a run (a later label replaces the earlier, with its author and time)."""
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                INSERT INTO run_labels (org_id, run_id, label, note, labelled_by, labelled_at)
+                VALUES (%s, %s, %s, %s, %s, %s)
+                ON CONFLICT (org_id, run_id) DO UPDATE SET label = EXCLUDED.label,
+                    note = EXCLUDED.note, labelled_by = EXCLUDED.labelled_by,
+                    labelled_at = EXCLUDED.labelled_at
+                RETURNING *
+                """,
+                (org_id, run_id, label.value, note, by, utcnow()),
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return _label(row)
+
+    async def label(self, org_id: str, run_id: UUID) -> RunLabelRecord | None:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM run_labels WHERE org_id = %s AND run_id = %s", (org_id, run_id)
+            )
+            row = await cur.fetchone()
+        return None if row is None else _label(row)
+
+    async def shadow_acceptance(
+        self, org_id: str, agent_id: UUID | None = None
+    ) -> list[ShadowAcceptance]:
+        """Per agent: its shadow runs, their labels, and the proposals they made."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT r.agent_id, a.name AS agent_name, count(*) AS runs,
+                       count(l.run_id) AS labelled,
+                       count(*) FILTER (WHERE l.label = 'accepted') AS accepted,
+                       count(*) FILTER (WHERE l.label = 'rejected') AS rejected,
+                       count(*) FILTER (WHERE l.label = 'mixed') AS mixed,
+                       coalesce(sum((SELECT count(*) FROM audit_log x
+                                     WHERE x.org_id = r.org_id AND x.run_id = r.id
+                                       AND x.decision = 'proposed')), 0) AS proposals
+                FROM task_runs r
+                JOIN agents a ON a.org_id = r.org_id AND a.id = r.agent_id
+                LEFT JOIN run_labels l ON l.org_id = r.org_id AND l.run_id = r.id
+                WHERE r.org_id = %s AND r.run_mode = 'shadow'
+                  AND (%s::uuid IS NULL OR r.agent_id = %s)
+                GROUP BY r.agent_id, a.name
+                ORDER BY a.name
+                """,
+                (org_id, agent_id, agent_id),
+            )
+            rows = await cur.fetchall()
+        return [
+            ShadowAcceptance(
+                **{k: r[k] for k in ("agent_id", "agent_name", "runs", "labelled", "accepted")},
+                rejected=r["rejected"],
+                mixed=r["mixed"],
+                proposals=int(r["proposals"]),
+                acceptance_rate=(r["accepted"] / r["labelled"]) if r["labelled"] else None,
+            )
+            for r in rows
+        ]
+
+
+def _label(row: dict[str, Any]) -> RunLabelRecord:
+    return RunLabelRecord(
+        run_id=row["run_id"],
+        label=row["label"],
+        note=row["note"],
+        labelled_by=row["labelled_by"],
+        labelled_at=row["labelled_at"],
+    )

@@ -21,6 +21,11 @@ __all__ = [
     "ConnectorInstance",
     "GrantRequest",
     "HealthProbe",
+    "ReportedCall",
+    "RunLabel",
+    "RunLabelRecord",
+    "RunReport",
+    "ShadowAcceptance",
     "Verdict",
 ]
 
@@ -129,3 +134,62 @@ class Verdict:
     reason: str
     grant_ids: tuple[UUID, ...] = ()
     sensitive_fields: frozenset[str] = frozenset()
+
+
+class RunLabel(StrEnum):
+    """A person's verdict on a shadow run's proposals."""
+
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    MIXED = "mixed"
+
+
+class RunLabelRecord(_Model):
+    run_id: UUID
+    label: RunLabel
+    note: str = ""
+    labelled_by: str
+    labelled_at: datetime
+
+
+class ReportedCall(_Model):
+    """One gate call of a run as its report lists it (from the audit log)."""
+
+    step_index: int | None
+    tool: str
+    tier: str | None
+    decision: str
+    args: dict[str, Any]
+    reason: str | None = None
+
+
+class RunReport(_Model):
+    """What a run did, and in a dry or shadow run what it would have done.
+
+    ``executed``: calls that ran; ``simulated``: a dry run's WRITE/ADMIN calls; ``proposed``:
+    a shadow run's; ``refused``: calls the gate refused or denied (approvals included)."""
+
+    run_id: UUID
+    run_mode: str
+    status: str
+    executed: tuple[ReportedCall, ...] = ()
+    simulated: tuple[ReportedCall, ...] = ()
+    proposed: tuple[ReportedCall, ...] = ()
+    refused: tuple[ReportedCall, ...] = ()
+    failed: tuple[ReportedCall, ...] = ()
+    label: RunLabelRecord | None = None
+
+
+class ShadowAcceptance(_Model):
+    """One agent's shadow runs and how people labelled them. ``acceptance_rate`` is
+    accepted / labelled (mixed counts as not accepted); ``None`` with nothing labelled."""
+
+    agent_id: UUID
+    agent_name: str
+    runs: int
+    labelled: int
+    accepted: int
+    rejected: int
+    mixed: int
+    proposals: int
+    acceptance_rate: float | None

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import UUID
 
-from cortex_ray._exceptions import InvalidRequestError, NotFoundError
-from cortex_ray._types import Principal, utcnow
+from cortex_ray._exceptions import ConflictError, InvalidRequestError, NotFoundError
+from cortex_ray._types import Principal, RunMode, RunStatus, utcnow
 from cortex_ray.access import UseCase
 from cortex_ray.governance._policy import ConnectorPolicy, check_constraints
 from cortex_ray.governance._store import GovernanceStore
@@ -20,6 +20,11 @@ from cortex_ray.governance._types import (
     ConnectorGrant,
     ConnectorInstance,
     GrantRequest,
+    ReportedCall,
+    RunLabel,
+    RunLabelRecord,
+    RunReport,
+    ShadowAcceptance,
 )
 from cortex_ray.observability import scrub
 from cortex_ray.storage import Store
@@ -216,3 +221,90 @@ class Governance:
         """The organisation's audit rows, oldest first (see ``Store.audit_rows``)."""
         await self._authorize(principal, UseCase.AUDIT_READ, org_id)
         return await self.store.audit_rows(org_id, run_id=run_id, gate_only=gate_only)
+
+    # run modes ----------------------------------------------------------------------------
+
+    async def run_report(
+        self, org_id: str, run_id: UUID, *, principal: Principal | None = None
+    ) -> RunReport:
+        """What a run did and, dry or shadow, would have done (from its audit rows)."""
+        await self._authorize(principal, UseCase.TASKS_GET, org_id)
+        run = await self.store.get_run(org_id, run_id)
+        lists: dict[str, list[ReportedCall]] = {
+            "executed": [],
+            "simulated": [],
+            "proposed": [],
+            "refused": [],
+            "failed": [],
+        }
+        where = {
+            "allowed": "executed",
+            "simulated": "simulated",
+            "proposed": "proposed",
+            "denied": "refused",
+            "refused": "refused",
+            "approval_required": "refused",
+        }
+        for row in await self.store.audit_rows(org_id, run_id=run_id, gate_only=True):
+            decision = row["decision"] or ("allowed" if row["status"] == "OK" else "error")
+            lists[where.get(decision, "failed")].append(
+                ReportedCall(
+                    step_index=row["step_index"],
+                    tool=row["tool"],
+                    tier=row["tier"],
+                    decision=decision,
+                    args=row["args"] or {},
+                    reason=row["reason"],
+                )
+            )
+        return RunReport(
+            run_id=run.id,
+            run_mode=run.run_mode.value,
+            status=run.status.value,
+            label=await self.gov.label(org_id, run_id),
+            **{k: tuple(v) for k, v in lists.items()},
+        )
+
+    async def label_run(
+        self,
+        org_id: str,
+        run_id: UUID,
+        label: RunLabel,
+        *,
+        note: str = "",
+        principal: Principal | None = None,
+    ) -> RunLabelRecord:
+        """A person labels an ended shadow run: its proposals accepted, rejected or mixed.
+        Labelling never executes a proposal.
+
+        Raises:
+            NotFoundError: No such run here.
+            InvalidRequestError: Not a shadow run, or the note is over 2,000 characters.
+            ConflictError: The run has not ended.
+        """
+        args = {"run": str(run_id), "label": label.value}
+        caller = await self._authorize(principal, UseCase.TASKS_LABEL, org_id, args=args)
+        if len(note) > 2000:
+            raise InvalidRequestError("a label's note is at most 2000 characters")
+        run = await self.store.get_run(org_id, run_id)
+        if run.run_mode is not RunMode.SHADOW:
+            raise InvalidRequestError(f"run {run_id} is a {run.run_mode.value} run, not shadow")
+        if run.status not in (RunStatus.COMPLETED, RunStatus.FAILED):
+            raise ConflictError(f"run {run_id} has not ended ({run.status.value})")
+        record = await self.gov.put_label(org_id, run_id, label, note, caller.id)
+        await self._audited(caller, UseCase.TASKS_LABEL, org_id, args=args)
+        return record
+
+    async def shadow_report(
+        self,
+        org_id: str,
+        *,
+        agent_ref: UUID | str | None = None,
+        principal: Principal | None = None,
+    ) -> list[ShadowAcceptance]:
+        """Acceptance of shadow runs per agent (``agent_ref``: one agent)."""
+        await self._authorize(principal, UseCase.TASKS_LIST, org_id)
+        agent_id = None
+        if agent_ref is not None:
+            agent_id = (await self.store.get_agent(org_id, agent_ref)).id
+        return await self.gov.shadow_acceptance(org_id, agent_id)

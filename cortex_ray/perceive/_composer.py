@@ -148,7 +148,7 @@ def _call_key(tool: str | None, args: dict[str, Any]) -> str:
 
 # A call that ended so is settled: made again with the same arguments it gives the same
 # (an error such as "no published collection 'science'" too); a timeout may not.
-_SETTLED = frozenset({"OK", "ERROR", "REFUSED"})
+_SETTLED = frozenset({"OK", "ERROR", "REFUSED", "SIMULATED", "PROPOSED"})
 
 
 def _settled(obs: Observation) -> bool:

@@ -32,6 +32,7 @@ from cortex_ray._types import (
     Principal,
     PrincipalKind,
     RunCost,
+    RunMode,
     RunStatus,
     Session,
     SessionStatus,
@@ -135,13 +136,14 @@ def _run(row: dict[str, Any], steps: Sequence[Step] = ()) -> TaskRun:
         trace_parent=row.get("trace_parent"),
         trace_attempt=row.get("trace_attempt"),
         cost=None if row.get("cost") is None else RunCost.model_validate(row["cost"]),
+        run_mode=RunMode(row.get("run_mode") or RunMode.EXECUTE),
     )
 
 
 _INSERT_RUN = """
 INSERT INTO task_runs (org_id, id, agent_id, name, goal, status, max_steps, caller_id,
-                       requested_by, contact_context, created_at, trace_parent)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                       requested_by, contact_context, created_at, trace_parent, run_mode)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 # ``args`` goes as JSON text (see ``_audit_params``).
@@ -444,6 +446,7 @@ class Store:
             None if run.contact_context is None else Jsonb(run.contact_context),
             run.created_at,
             run.trace_parent,
+            run.run_mode.value,
         )
         async with self.db.connection() as conn:
             if audit is None:
