@@ -234,6 +234,7 @@ class Runtime:
             tools_of=self._connector_tools,
             authorize=self._authorize,
             audited=self._audited,
+            excludes_requester=settings.approval_excludes_requester,
         )
         """Connectors, grants and the audit log (``cortex_ray.governance``), as use cases."""
         self.composer = PromptComposer(
@@ -428,6 +429,7 @@ class Runtime:
         owner_id: str | None = None,
         args: dict[str, Any] | None = None,
         session_id: UUID | None = None,
+        approvers: tuple[str, ...] = (),
     ) -> Principal:
         """Decide ``use_case`` for the caller (the operator when ``None``); a refusal is
         audited and raised as ``AccessDeniedError``. Returns the acting principal."""
@@ -436,7 +438,9 @@ class Runtime:
         if use_case is UseCase.MEMORY_SEARCH:
             tool = self.registry.get("memory_search")
             category = self.registry.classifier.classify(tool or "memory_search")
-        request = UseCaseRequest(org_id, agent=agent, owner_id=owner_id, tool_category=category)
+        request = UseCaseRequest(
+            org_id, agent=agent, owner_id=owner_id, tool_category=category, approvers=approvers
+        )
         decision = self.access.authorize(caller, use_case, request)
         if not decision.allowed:
             await self._audit(

@@ -569,6 +569,16 @@ class Settings(BaseSettings):
         "(0: read them on every call); a grant made or revoked through this process counts "
         "at once, through another within this time (docs/governance.md)",
     )
+    approval_ttl_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description="how long an approval request waits for a person; then it expires, "
+        "which counts as a rejection",
+    )
+    approval_excludes_requester: bool = Field(
+        default=False,
+        description="the person who started a run may not approve its calls",
+    )
     stop_after_repeats: int = Field(
         default=3,
         ge=0,

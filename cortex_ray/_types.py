@@ -400,6 +400,9 @@ class TurnEvent(_Model):
 
 class RunStatus(StrEnum):
     RUNNING = "RUNNING"
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
+    """Paused on an approval request (a row, ``cortex_ray.governance.Approval``): no driver,
+    no actor; a person's decision, or its expiry, puts it back to RUNNING."""
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
 

@@ -223,6 +223,16 @@ REFUSALS: dict[UseCase, tuple[str, Call]] = {
         lambda r, w: r.governance.revoke_grant(w.org, uuid.uuid4(), principal=w.member),
     ),
     UseCase.AUDIT_READ: ("member", lambda r, w: r.governance.audit(w.org, principal=w.member)),
+    UseCase.APPROVALS_LIST: (
+        "outsider",
+        lambda r, w: r.governance.list_approvals(w.org, principal=w.outsider),
+    ),
+    UseCase.APPROVALS_DECIDE: (
+        "outsider",
+        lambda r, w: r.governance.decide_approval(
+            w.org, uuid.uuid4(), approve=True, principal=w.outsider
+        ),
+    ),
     UseCase.TASKS_LABEL: (
         "outsider",
         lambda r, w: r.governance.label_run(

@@ -138,6 +138,9 @@ class UseCase(Enum):
     AUDIT_READ = ("audit.read", ActionType.RETRIEVAL, Tier.ADMIN, False)
     # A person's label of a shadow run (what the acceptance report counts).
     TASKS_LABEL = ("tasks.label", ActionType.GROUNDING, Tier.WRITE, True)
+    # Approval requests of paused runs: members read them; an admin person decides.
+    APPROVALS_LIST = ("approvals.list", ActionType.RETRIEVAL, Tier.READ, False)
+    APPROVALS_DECIDE = ("approvals.decide", ActionType.GROUNDING, Tier.ADMIN, True)
 
     def __init__(self, label: str, category: ActionType, tier: Tier, audit_allowed: bool) -> None:
         self.label = label
@@ -163,6 +166,8 @@ class UseCaseRequest:
     agent: Agent | None = None
     owner_id: str | None = None
     tool_category: ActionType | None = None
+    approvers: tuple[str, ...] = ()
+    """Who may decide an approval request (empty: any admin person)."""
 
 
 def _authorize(
@@ -191,6 +196,13 @@ def _authorize(
         return AccessDecision(False, "only the run's caller or an admin may cancel it")
     if use_case is UseCase.TASKS_LABEL and principal.kind is not PrincipalKind.USER:
         return AccessDecision(False, "only a person labels a run")
+    if use_case is UseCase.APPROVALS_DECIDE:
+        if principal.kind is not PrincipalKind.USER:
+            return AccessDecision(False, "only a person decides an approval request")
+        if request.approvers and principal.id not in request.approvers:
+            return AccessDecision(False, "not one of this request's approvers")
+        if request.owner_id is not None and request.owner_id == principal.id:
+            return AccessDecision(False, "the run's requester may not approve its calls")
     if use_case is UseCase.SESSIONS_MESSAGE and request.owner_id != principal.id:
         return AccessDecision(False, "only the session's own caller may talk in it")
     if use_case is UseCase.MEMORY_SEARCH and not principal.is_admin:

@@ -78,6 +78,9 @@ class InvocationContext:
     ``Idempotency-Key``. ``None`` in a run: the step's key is used."""
     run_mode: RunMode = RunMode.EXECUTE
     """A dry run simulates, a shadow run proposes, every WRITE or ADMIN call it allows."""
+    approval_id: UUID | None = None
+    """The approved request this call carries out: the policy is evaluated again (a denial
+    still denies), but does not ask for approval a second time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,8 @@ def _decision(status: str, reason: str | None) -> str:
             return "denied"
         if why.startswith("approval required"):
             return "approval_required"
+        if why.startswith("approval rejected") or why.startswith("approval expired"):
+            return "rejected"
         return "refused"
     if status == ObservationStatus.CANCELLED:
         return "cancelled"
@@ -271,7 +276,15 @@ class ToolDispatcher:
             facts = _CallFacts()
             try:
                 observation, reason = await self._run(
-                    tctx, tool, tool_name, action_type, tier, args, facts, ctx.run_mode
+                    tctx,
+                    tool,
+                    tool_name,
+                    action_type,
+                    tier,
+                    args,
+                    facts,
+                    ctx.run_mode,
+                    ctx.approval_id,
                 )
             except asyncio.CancelledError:
                 # Record the cancelled call, then let the cancellation go on.
@@ -449,6 +462,7 @@ class ToolDispatcher:
         args: dict[str, Any],
         facts: _CallFacts,
         run_mode: RunMode = RunMode.EXECUTE,
+        approval_id: UUID | None = None,
     ) -> tuple[Observation, str | None]:
         def refuse(reason: str) -> tuple[Observation, str]:
             obs = Observation(
@@ -493,8 +507,10 @@ class ToolDispatcher:
             facts.grant_ids = verdict.grant_ids
             if verdict.decision == "deny":
                 return refuse(f"access denied: {verdict.reason}")
-            if verdict.decision == "approval" and (
-                run_mode is RunMode.EXECUTE or tier is CapabilityTier.READ
+            if (
+                verdict.decision == "approval"
+                and approval_id is None
+                and (run_mode is RunMode.EXECUTE or tier is CapabilityTier.READ)
             ):
                 return refuse(f"approval required: {verdict.reason}")
         if run_mode is not RunMode.EXECUTE and tier is not CapabilityTier.READ:

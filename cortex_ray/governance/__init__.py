@@ -5,7 +5,9 @@ from cortex_ray.governance._discovery import CONNECTOR_ENTRY_POINTS, discover_co
 from cortex_ray.governance._policy import REDACTED, ConnectorPolicy, check_constraints, redact
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
+    Approval,
     ApprovalPolicy,
+    ApprovalStatus,
     Connector,
     ConnectorGrant,
     ConnectorInstance,
@@ -23,7 +25,9 @@ from cortex_ray.governance._use_cases import ConnectorView, Governance
 __all__ = [
     "CONNECTOR_ENTRY_POINTS",
     "REDACTED",
+    "Approval",
     "ApprovalPolicy",
+    "ApprovalStatus",
     "Connector",
     "ConnectorGrant",
     "ConnectorInstance",

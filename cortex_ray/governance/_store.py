@@ -11,13 +11,16 @@ from psycopg.types.json import Jsonb
 from cortex_ray._exceptions import NotFoundError
 from cortex_ray._types import utcnow
 from cortex_ray.governance._types import (
+    Approval,
+    ApprovalStatus,
     ConnectorGrant,
     ConnectorInstance,
     RunLabel,
     RunLabelRecord,
     ShadowAcceptance,
 )
-from cortex_ray.storage import Database
+from cortex_ray.observability import scrub
+from cortex_ray.storage import Conn, Database
 
 __all__ = ["GovernanceStore"]
 
@@ -264,6 +267,137 @@ class GovernanceStore:
             )
             for r in rows
         ]
+
+    # approvals ------------------------------------------------------------------------------
+
+    @staticmethod
+    async def insert_approval(conn: Conn, approval: Approval) -> None:
+        """Record an approval request in the caller's (the driver's fenced) transaction."""
+        a = approval
+        await conn.execute(
+            """
+            INSERT INTO approvals (org_id, id, run_id, step_index, tool, args, tier, decision,
+                evidence, reason, requested_by, approvers, status, expires_at, created_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """,
+            (
+                a.org_id, a.id, a.run_id, a.step_index, a.tool, Jsonb(scrub(a.args)), a.tier,
+                Jsonb(a.decision), Jsonb(a.evidence), a.reason, a.requested_by,
+                list(a.approvers), a.status.value, a.expires_at, a.created_at,
+            ),
+        )  # fmt: skip
+
+    async def approval(self, org_id: str, approval_id: UUID) -> Approval:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM approvals WHERE org_id = %s AND id = %s", (org_id, approval_id)
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFoundError(f"no approval {approval_id} in this organisation")
+        return _approval(row)
+
+    async def approval_for_step(
+        self, org_id: str, run_id: UUID, step_index: int
+    ) -> Approval | None:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM approvals WHERE org_id = %s AND run_id = %s AND step_index = %s",
+                (org_id, run_id, step_index),
+            )
+            row = await cur.fetchone()
+        return None if row is None else _approval(row)
+
+    async def approvals(
+        self,
+        org_id: str,
+        *,
+        status: ApprovalStatus | None = None,
+        run_id: UUID | None = None,
+        limit: int = 200,
+    ) -> list[Approval]:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT * FROM approvals WHERE org_id = %s
+                  AND (%s::text IS NULL OR status = %s) AND (%s::uuid IS NULL OR run_id = %s)
+                ORDER BY created_at, id LIMIT %s
+                """,
+                (
+                    org_id,
+                    None if status is None else status.value,
+                    None if status is None else status.value,
+                    run_id,
+                    run_id,
+                    limit,
+                ),
+            )
+            return [_approval(r) for r in await cur.fetchall()]
+
+    async def decide(
+        self,
+        org_id: str,
+        approval_id: UUID,
+        status: ApprovalStatus,
+        by: str | None,
+        note: str = "",
+    ) -> Approval | None:
+        """Decide a PENDING request and put its run back to RUNNING, in one transaction;
+        ``None`` when it was no longer pending (decided, or expired, meanwhile)."""
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                UPDATE approvals SET status = %s, decided_by = %s, decided_at = %s, note = %s
+                WHERE org_id = %s AND id = %s AND status = 'PENDING' RETURNING *
+                """,
+                (status.value, by, utcnow(), note, org_id, approval_id),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            await conn.execute(
+                """
+                UPDATE task_runs SET status = 'RUNNING'
+                WHERE org_id = %s AND id = %s AND status = 'AWAITING_APPROVAL'
+                """,
+                (org_id, row["run_id"]),
+            )
+        return _approval(row)
+
+    async def expire_due(self, limit: int = 1000) -> list[Approval]:
+        """Expire the PENDING requests whose time is up, in every organisation (the
+        supervisor's sweep, like orphaned runs), each run back to RUNNING: an expired
+        request counts as a rejection."""
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                WITH due AS (
+                    SELECT org_id, id FROM approvals
+                    WHERE status = 'PENDING' AND expires_at <= now()
+                    ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED
+                )
+                UPDATE approvals a SET status = 'EXPIRED', decided_at = now()
+                FROM due WHERE a.org_id = due.org_id AND a.id = due.id RETURNING a.*
+                """,
+                (limit,),
+            )
+            rows = await cur.fetchall()
+            for row in rows:
+                await conn.execute(
+                    """
+                    UPDATE task_runs SET status = 'RUNNING'
+                    WHERE org_id = %s AND id = %s AND status = 'AWAITING_APPROVAL'
+                    """,
+                    (row["org_id"], row["run_id"]),
+                )
+        return [_approval(r) for r in rows]
+
+
+def _approval(row: dict[str, Any]) -> Approval:
+    return Approval(
+        **{k: row[k] for k in Approval.model_fields if k != "approvers"},
+        approvers=tuple(row["approvers"] or ()),
+    )
 
 
 def _label(row: dict[str, Any]) -> RunLabelRecord:

@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from cortex_ray._types import CapabilityTier, utcnow
 
 __all__ = [
+    "Approval",
     "ApprovalPolicy",
+    "ApprovalStatus",
     "Connector",
     "ConnectorGrant",
     "ConnectorInstance",
@@ -193,3 +195,43 @@ class ShadowAcceptance(_Model):
     mixed: int
     proposals: int
     acceptance_rate: float | None
+
+
+class ApprovalStatus(StrEnum):
+    PENDING = "PENDING"
+    APPROVED = "APPROVED"
+    REJECTED = "REJECTED"
+    EXPIRED = "EXPIRED"
+    """Not decided in time: counts as a rejection."""
+
+
+class Approval(_Model):
+    """An approval request: a row, never a waiting thread. The run that made it is
+    AWAITING_APPROVAL until a person decides it (or it expires); then the run continues
+    from this very call, without deciding the step again.
+
+    Attributes:
+        decision: The step's decision as DECIDE made it (candidates, scores, selection).
+        evidence: What the run had observed before (the latest calls: tool, arguments,
+            status, summary).
+        approvers: Who may decide (principal ids); empty: any admin person.
+    """
+
+    id: UUID = Field(default_factory=uuid4)
+    org_id: str
+    run_id: UUID
+    step_index: int
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    tier: str
+    decision: dict[str, Any] = Field(default_factory=dict)
+    evidence: list[dict[str, Any]] = Field(default_factory=list)
+    reason: str = ""
+    requested_by: str
+    approvers: tuple[str, ...] = ()
+    status: ApprovalStatus = ApprovalStatus.PENDING
+    expires_at: datetime
+    decided_by: str | None = None
+    decided_at: datetime | None = None
+    note: str = ""
+    created_at: datetime = Field(default_factory=utcnow)

@@ -16,6 +16,8 @@ from cortex_ray.access import UseCase
 from cortex_ray.governance._policy import ConnectorPolicy, check_constraints
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
+    Approval,
+    ApprovalStatus,
     Connector,
     ConnectorGrant,
     ConnectorInstance,
@@ -36,7 +38,14 @@ HEALTH_TIMEOUT_S = 10.0
 
 class _Authorize(Protocol):
     def __call__(
-        self, principal: Principal | None, use_case: UseCase, org_id: str, *, args: Any = None
+        self,
+        principal: Principal | None,
+        use_case: UseCase,
+        org_id: str,
+        *,
+        args: Any = None,
+        owner_id: str | None = None,
+        approvers: tuple[str, ...] = (),
     ) -> Awaitable[Principal]: ...
 
 
@@ -68,7 +77,9 @@ class Governance:
         tools_of: Callable[[str], Sequence[str]],
         authorize: _Authorize,
         audited: _Audited,
+        excludes_requester: bool = False,
     ) -> None:
+        self.excludes_requester = excludes_requester
         self.store = store
         self.gov = governance
         self.policy = policy
@@ -308,3 +319,79 @@ class Governance:
         if agent_ref is not None:
             agent_id = (await self.store.get_agent(org_id, agent_ref)).id
         return await self.gov.shadow_acceptance(org_id, agent_id)
+
+    # approvals ------------------------------------------------------------------------------
+
+    async def list_approvals(
+        self,
+        org_id: str,
+        *,
+        status: ApprovalStatus | None = None,
+        run_id: UUID | None = None,
+        principal: Principal | None = None,
+    ) -> list[Approval]:
+        """The organisation's approval requests, oldest first."""
+        await self._authorize(principal, UseCase.APPROVALS_LIST, org_id)
+        return await self.gov.approvals(org_id, status=status, run_id=run_id)
+
+    async def get_approval(
+        self, org_id: str, approval_id: UUID, *, principal: Principal | None = None
+    ) -> Approval:
+        await self._authorize(principal, UseCase.APPROVALS_LIST, org_id)
+        return await self.gov.approval(org_id, approval_id)
+
+    async def decide_approval(
+        self,
+        org_id: str,
+        approval_id: UUID,
+        *,
+        approve: bool,
+        note: str = "",
+        principal: Principal | None = None,
+    ) -> Approval:
+        """An admin person (one of its approvers, when it names any; not the run's requester
+        with ``approval_excludes_requester``) approves or rejects a pending request; its run
+        goes back to RUNNING, for an executor to continue (``Executor.start_run``). The
+        agent never decides: agents are not persons.
+
+        Raises:
+            NotFoundError: No such request here.
+            InvalidRequestError: The note is over 2,000 characters.
+            ConflictError: Already decided, or expired (which counts as a rejection).
+        """
+        if len(note) > 2000:
+            raise InvalidRequestError("a decision's note is at most 2000 characters")
+        args = {"approval": str(approval_id), "approve": approve}
+        caller = principal or Principal.operator(org_id)
+        if caller.org_id == org_id:
+            # Only a member learns whether the request exists (and who may decide it).
+            pending = await self.gov.approval(org_id, approval_id)
+            requester = None
+            if self.excludes_requester:
+                requester = (await self.store.get_run(org_id, pending.run_id)).requested_by
+            approvers = pending.approvers
+        else:
+            requester, approvers = None, ()
+        caller = await self._authorize(
+            principal,
+            UseCase.APPROVALS_DECIDE,
+            org_id,
+            args=args,
+            owner_id=requester,
+            approvers=approvers,
+        )
+        if pending.status is ApprovalStatus.PENDING and pending.expires_at <= utcnow():
+            await self.gov.decide(org_id, approval_id, ApprovalStatus.EXPIRED, None)
+            raise ConflictError(f"approval {approval_id} expired (counts as a rejection)")
+        status = ApprovalStatus.APPROVED if approve else ApprovalStatus.REJECTED
+        decided = await self.gov.decide(org_id, approval_id, status, caller.id, note)
+        if decided is None:
+            now = await self.gov.approval(org_id, approval_id)
+            raise ConflictError(f"approval {approval_id} is already {now.status.value}")
+        await self._audited(caller, UseCase.APPROVALS_DECIDE, org_id, args=args)
+        return decided
+
+    async def expire_approvals(self) -> list[Approval]:
+        """Expire every pending request whose time is up (the supervisor's sweep): each
+        counts as a rejection, its run back to RUNNING for the executor."""
+        return await self.gov.expire_due()
