@@ -12,9 +12,10 @@ from rich.text import Text
 
 from cortex_ray._exceptions import InvalidRequestError
 from cortex_ray._types import CapabilityTier, Principal
-from cortex_ray.governance import ApprovalPolicy, GrantRequest, RunLabel
+from cortex_ray.governance import ApprovalPolicy, ApprovalStatus, GrantRequest, RunLabel
 
 __all__ = [
+    "approvals_app",
     "audit",
     "connectors_app",
     "grants_app",
@@ -351,3 +352,87 @@ def runs_acceptance(
         return 0
 
     _cli()._execute(work())
+
+
+approvals_app = typer.Typer(
+    help="Approval requests of paused runs: list, show, approve, reject.", no_args_is_help=True
+)
+
+
+@approvals_app.command("list")
+def approvals_list(
+    ctx: typer.Context,
+    pending: Annotated[bool, typer.Option("--pending", help="Only those waiting.")] = False,
+    run: Annotated[str | None, typer.Option("--run", help="Only this run's.")] = None,
+) -> None:
+    """The organisation's approval requests, oldest first."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        run_id = None if run is None else _cli()._parse_uuid(run, "run")
+        async with _cli()._runtime(with_models=False) as runtime:
+            found = await runtime.governance.list_approvals(
+                org,
+                status=ApprovalStatus.PENDING if pending else None,
+                run_id=run_id,
+                principal=Principal.operator(org),
+            )
+        table = _cli()._list_table(f"approval requests in {org}")
+        for column in ("id", "status", "run", "step", "call", "expires"):
+            table.add_column(column, overflow="fold")
+        for a in found:
+            call = f"{a.tool}({json.dumps(a.args, ensure_ascii=False)}) [{a.tier}]"
+            table.add_row(
+                str(a.id),
+                a.status.value,
+                str(a.run_id),
+                str(a.step_index + 1),
+                Text(_cli()._shorten(call, 80)),
+                a.expires_at.isoformat(timespec="seconds"),
+            )
+        _cli()._out.print(table)
+        return 0
+
+    _cli()._execute(work())
+
+
+def _decide_approval(ctx: typer.Context, approval_id: str, approve: bool, note: str) -> None:
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        key = _cli()._parse_uuid(approval_id, "request")
+        async with _cli()._runtime(with_models=False) as runtime:
+            decided = await runtime.governance.decide_approval(
+                org, key, approve=approve, note=note, principal=Principal.operator(org)
+            )
+        _cli()._out.print(
+            Text(
+                f"approval {decided.id}: {decided.status.value}; run {decided.run_id} is "
+                "RUNNING again (the API's supervisor continues it; here: "
+                f"cortex-ray runs resume {decided.run_id})"
+            ),
+            soft_wrap=True,
+        )
+        return 0
+
+    _cli()._execute(work())
+
+
+@approvals_app.command("approve")
+def approvals_approve(
+    ctx: typer.Context,
+    approval_id: Annotated[str, typer.Argument(help="The request's id.")],
+    note: Annotated[str, typer.Option("--note", help="Why.")] = "",
+) -> None:
+    """Approve: the run carries out that call (its policy checked again), not deciding anew."""
+    _decide_approval(ctx, approval_id, True, note)
+
+
+@approvals_app.command("reject")
+def approvals_reject(
+    ctx: typer.Context,
+    approval_id: Annotated[str, typer.Argument(help="The request's id.")],
+    note: Annotated[str, typer.Option("--note", help="Why (the agent reads it).")] = "",
+) -> None:
+    """Reject: the agent observes the rejection and decides its next step."""
+    _decide_approval(ctx, approval_id, False, note)

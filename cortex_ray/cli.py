@@ -1240,17 +1240,19 @@ def main() -> None:
 
 
 # Commands kept in their own modules (issue 18: connectors, grants, the audit log).
-from cortex_ray._cli_governance import audit as _audit_command  # noqa: E402
 from cortex_ray._cli_governance import (  # noqa: E402
+    approvals_app,
     connectors_app,
     grants_app,
     runs_acceptance,
     runs_label,
     runs_report,
 )
+from cortex_ray._cli_governance import audit as _audit_command  # noqa: E402
 
 app.add_typer(connectors_app, name="connectors")
 app.add_typer(grants_app, name="grants")
+app.add_typer(approvals_app, name="approvals")
 app.command("audit")(_audit_command)
 runs_app.command("report")(runs_report)
 runs_app.command("label")(runs_label)

@@ -13,7 +13,9 @@ from pydantic import Field
 
 from cortex_ray import CapabilityTier
 from cortex_ray.governance import (
+    Approval,
     ApprovalPolicy,
+    ApprovalStatus,
     ConnectorGrant,
     ConnectorInstance,
     ConnectorView,
@@ -226,6 +228,39 @@ class AcceptanceBody(_Out):
     acceptance_rate: float | None
 
 
+class ApprovalBody(_Out):
+    id: UUID
+    run_id: UUID
+    step_index: int
+    tool: str
+    args: dict[str, Any]
+    tier: str
+    decision: dict[str, Any] = Field(description="the step's decision: candidates, scores")
+    evidence: list[dict[str, Any]] = Field(description="the run's latest calls before it")
+    reason: str
+    requested_by: str
+    approvers: list[str] = Field(description="who may decide; empty: any admin person")
+    status: ApprovalStatus
+    expires_at: datetime
+    decided_by: str | None
+    decided_at: datetime | None
+    note: str
+    created_at: datetime
+
+    @classmethod
+    def of(cls, a: Approval) -> ApprovalBody:
+        return cls.model_validate(a.model_dump())
+
+
+class ApprovalList(_Out):
+    approvals: list[ApprovalBody]
+
+
+class ApprovalDecision(_Body):
+    approve: bool
+    note: str = Field(default="", max_length=2000, pattern=r"^[^\x00]*$")
+
+
 class LabelCreate(_Body):
     label: RunLabel
     note: str = Field(default="", max_length=2000, pattern=r"^[^\x00]*$")
@@ -380,5 +415,52 @@ def governance_router() -> APIRouter:
         return ShadowAcceptanceList(
             agents=[AcceptanceBody.model_validate(r.model_dump()) for r in rows]
         )
+
+    @router.get("/approvals", response_model=ApprovalList, tags=["approvals"])
+    async def list_approvals(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        status: ApprovalStatus | None = None,
+        run_id: Annotated[UUID | None, Query(alias="runId")] = None,
+    ) -> ApprovalList:
+        """Approval requests of paused runs, oldest first (``status=PENDING``: waiting)."""
+        found = await state.runtime.governance.list_approvals(
+            org, status=status, run_id=run_id, principal=principal
+        )
+        return ApprovalList(approvals=[ApprovalBody.of(a) for a in found])
+
+    @router.get("/approvals/{approval_id}", response_model=ApprovalBody, tags=["approvals"])
+    async def get_approval(
+        state: StateDep, org: OrgPath, principal: MemberDep, approval_id: UUID
+    ) -> ApprovalBody:
+        """One approval request: the call, the decision that chose it, the evidence."""
+        found = await state.runtime.governance.get_approval(org, approval_id, principal=principal)
+        return ApprovalBody.of(found)
+
+    @router.post(
+        "/approvals/{approval_id}/decision",
+        response_model=ApprovalBody,
+        tags=["approvals"],
+        responses={
+            403: {"model": ApiError, "description": "not an admin person who may decide it"},
+            409: {"model": ApiError, "description": "already decided, or expired"},
+        },
+    )
+    async def decide_approval(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        approval_id: UUID,
+        body: ApprovalDecision,
+    ) -> ApprovalBody:
+        """Approve or reject a pending request (an admin person); the run continues at
+        once: approved, from that very call (its policy checked again); rejected, the
+        agent observes the rejection and decides its next step."""
+        decided = await state.runtime.governance.decide_approval(
+            org, approval_id, approve=body.approve, note=body.note, principal=principal
+        )
+        await state.executor.start_run(org, decided.run_id)
+        return ApprovalBody.of(decided)
 
     return router

@@ -820,6 +820,13 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
         "task_report": ("GET", f"{base}/tasks/{{task_id}}/report", {}),
         "label_task": ("POST", f"{base}/tasks/{{task_id}}/label", {"json": {"label": "accepted"}}),
         "shadow_acceptance": ("GET", f"{base}/shadow/acceptance", {}),
+        "list_approvals": ("GET", f"{base}/approvals", {"params": {"runId": estate.task_id}}),
+        "get_approval": ("GET", f"{base}/approvals/{uuid.UUID(int=11)}", {}),
+        "decide_approval": (
+            "POST",
+            f"{base}/approvals/{uuid.UUID(int=11)}/decision",
+            {"json": {"approve": True}},
+        ),
     }
     return {op: (m, url.format(**values), kw) for op, (m, url, kw) in routes.items()}
 
@@ -902,6 +909,7 @@ async def test_no_route_reads_or_writes_another_organisation(
         "list_grants": 200,
         "read_audit": 200,
         "shadow_acceptance": 200,
+        "list_approvals": 200,
     }
     for op, (method, url, kwargs) in requests_for(estate, intruder.org).items():
         r = await client.request(method, url, headers=intruder.auth(intruder.admin), **kwargs)

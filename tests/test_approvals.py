@@ -230,3 +230,62 @@ async def test_shadow_runs_never_ask_for_approval(runtime: Runtime, org: str) ->
     assert run.status is RunStatus.COMPLETED
     assert ran == [("crm_lookup", {"name": "ann"})]
     assert await runtime.governance.list_approvals(org, run_id=run.id) == []
+
+
+async def test_approvals_over_http(runtime: Runtime, org: str) -> None:
+    import asyncio
+
+    import httpx2
+
+    from cortex_ray import InProcessExecutor
+    from serve import create_app
+
+    await paused_run(runtime, org)  # the agent, connector and grant; one run paused already
+    ran.clear()
+    decided_at.clear()
+    admin = await runtime.create_api_key(org, ADMIN, admin=True, grant=["*"])
+    member = await runtime.create_api_key(org, "bob", admin=False, grant=["*"])
+    intruder = await runtime.create_api_key(f"{org}-x", "eve", admin=True, grant=["*"])
+    a, m, x = ({"Authorization": f"Bearer {k.key}"} for k in (admin, member, intruder))
+    executor = InProcessExecutor(runtime)
+    base = f"/api/orgs/{org}"
+
+    async def settled(task_id: str) -> dict[str, Any]:
+        for _ in range(400):  # driven by the executor in this event loop
+            body = (await http.get(f"{base}/tasks/{task_id}", headers=a)).json()
+            if body["status"] != "RUNNING":
+                return dict(body)
+            await asyncio.sleep(0.05)
+        raise AssertionError("the run never left RUNNING")
+
+    try:
+        transport = httpx2.ASGITransport(app=create_app(runtime, executor))
+        async with httpx2.AsyncClient(transport=transport, base_url="http://api") as http:
+            task = {"agentId": "clerk", "payload": {"goal": "update ann", "maxSteps": 5}}
+            r = await http.post(f"{base}/tasks", headers=m, json=task)
+            task_id = r.json()["id"]
+            assert (await settled(task_id))["status"] == "AWAITING_APPROVAL"
+            r = await http.get(f"{base}/approvals", headers=m, params={"runId": task_id})
+            [request] = r.json()["approvals"]
+            assert request["status"] == "PENDING" and request["tool"] == "crm_update"
+            assert request["decision"]["candidates"][0]["args"] == {"name": "ann", "region": "eu"}
+            url = f"{base}/approvals/{request['id']}"
+            assert (await http.get(url, headers=m)).json()["id"] == request["id"]
+            r = await http.post(f"{url}/decision", headers=m, json={"approve": True})
+            assert r.status_code == 403 and "only an admin" in r.json()["error"]["message"]
+            r = await http.post(f"{url}/decision", headers=a, json={"approve": "maybe"})
+            assert r.status_code == 422
+            for method, path in [("GET", url), ("POST", f"{url}/decision")]:
+                r = await http.request(method, path, headers=x, json={"approve": True})
+                assert r.status_code == 404
+            r = await http.get(f"/api/orgs/{org}-x/approvals/{request['id']}", headers=x)
+            assert r.status_code == 404
+            r = await http.post(f"{url}/decision", headers=a, json={"approve": True, "note": "ok"})
+            assert r.status_code == 200 and r.json()["decidedBy"] == ADMIN
+            done = await settled(task_id)
+            assert done["status"] == "COMPLETED" and done["result"] == "ok"
+            assert [t for t, _ in ran] == ["crm_lookup", "crm_update"] and decided_at[2] == 1
+            r = await http.post(f"{url}/decision", headers=a, json={"approve": False})
+            assert r.status_code == 409 and "already APPROVED" in r.json()["error"]["message"]
+    finally:
+        await executor.aclose()

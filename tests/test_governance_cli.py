@@ -151,3 +151,61 @@ async def test_run_reports_labels_and_acceptance_from_the_command_line(
     assert_one_line_error(
         cortex(env, "--org", org, "runs", "report", str(uuid.uuid4())), 1, "not found"
     )
+
+
+async def test_approvals_from_the_command_line_across_processes(env: dict[str, str]) -> None:
+    """A run paused in one process is approved by the CLI in another and finished by a
+    third runtime: the request is a row, nothing waits in memory."""
+    from cortex_ray import RunStatus, Runtime, Settings
+    from cortex_ray.memory import HeuristicImportanceScorer
+    from cortex_ray.models import HashEmbedder, ScriptedModelClient
+    from tests.test_approvals import paused_run, plan
+    from tests.test_connector_grants import CRM, TOOLS, ran
+
+    org = f"cli-{uuid.uuid4().hex[:8]}"
+    settings = Settings(
+        data_dir=Path(env["CORTEX_DATA_DIR"]),
+        database_url=env.get("CORTEX_DATABASE_URL"),
+        embedding_backend="hash",
+        candidates=1,
+    )
+
+    async def opened() -> Runtime:
+        return await Runtime.open(
+            settings,
+            model=ScriptedModelClient(responder=plan),
+            embedder=HashEmbedder(384),
+            importance=HeuristicImportanceScorer(),
+            tools=TOOLS,
+            connectors=[CRM],
+        )
+
+    first = await opened()
+    try:
+        run = await paused_run(first, org)
+        assert run.status is RunStatus.AWAITING_APPROVAL
+    finally:
+        await first.close()
+
+    listed = cortex(env, "--org", org, "approvals", "list", "--pending")
+    assert listed.returncode == 0, listed.stderr
+    found = re.search(r"([0-9a-f-]{36})\s+PENDING\s+" + str(run.id), listed.stdout)
+    assert found, listed.stdout
+    approval_id = found.group(1)
+    assert_one_line_error(
+        cortex(env, "--org", org, "approvals", "approve", "nope"), 2, "not a request id"
+    )
+    approved = cortex(env, "--org", org, "approvals", "approve", approval_id, "--note", "ok")
+    assert approved.returncode == 0, approved.stderr
+    assert "APPROVED" in approved.stdout and "RUNNING again" in approved.stdout
+    assert_one_line_error(
+        cortex(env, "--org", org, "approvals", "reject", approval_id), 1, "already APPROVED"
+    )
+
+    third = await opened()
+    try:
+        final = await third.drive_run(org, run.id)
+        assert final.status is RunStatus.COMPLETED
+        assert [t for t, _ in ran] == ["crm_lookup", "crm_update"]
+    finally:
+        await third.close()
