@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "runs_acceptance",
     "runs_label",
     "runs_report",
+    "secrets_app",
 ]
 
 
@@ -436,3 +438,73 @@ def approvals_reject(
 ) -> None:
     """Reject: the agent observes the rejection and decides its next step."""
     _decide_approval(ctx, approval_id, False, note)
+
+
+secrets_app = typer.Typer(
+    help="The organisation's secrets (connector credentials), sealed at rest.",
+    no_args_is_help=True,
+)
+
+
+@secrets_app.command("list")
+def secrets_list(ctx: typer.Context) -> None:
+    """Names of the organisation's secrets (never their values)."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        async with _cli()._runtime(with_models=False) as runtime:
+            found = await runtime.governance.list_secrets(org, principal=Principal.operator(org))
+        table = _cli()._list_table(f"secrets of {org}")
+        for column in ("name", "connector", "set by", "updated"):
+            table.add_column(column, overflow="fold")
+        for i in found:
+            table.add_row(
+                i.name, i.connector or "", i.created_by, i.updated_at.isoformat(timespec="seconds")
+            )
+        _cli()._out.print(table)
+        return 0
+
+    _cli()._execute(work())
+
+
+@secrets_app.command("set")
+def secrets_set(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The secret's name.")],
+    connector: Annotated[
+        str | None, typer.Option("--connector", help="Only this connector's tools read it.")
+    ] = None,
+) -> None:
+    """Set a secret; the value is read from standard input (typed unseen on a terminal),
+    never from the command line, where other users of the machine could read it."""
+    org = _cli()._org(ctx)
+    if sys.stdin.isatty():
+        value = typer.prompt(f"value of {name}", hide_input=True)
+    else:
+        value = sys.stdin.read().rstrip("\n")
+
+    async def work() -> int:
+        async with _cli()._runtime(with_models=False) as runtime:
+            info = await runtime.governance.put_secret(
+                org, name, value, connector=connector, principal=Principal.operator(org)
+            )
+        _cli()._out.print(Text(f"secret {info.name} set in {org}"))
+        return 0
+
+    _cli()._execute(work())
+
+
+@secrets_app.command("delete")
+def secrets_delete(
+    ctx: typer.Context, name: Annotated[str, typer.Argument(help="The secret's name.")]
+) -> None:
+    """Delete a secret."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        async with _cli()._runtime(with_models=False) as runtime:
+            await runtime.governance.delete_secret(org, name, principal=Principal.operator(org))
+        _cli()._out.print(Text(f"secret {name} deleted from {org}"))
+        return 0
+
+    _cli()._execute(work())

@@ -107,6 +107,7 @@ from cortex_ray.governance import (
     ConnectorPolicy,
     Governance,
     GovernanceStore,
+    SecretStore,
     discover_connectors,
 )
 from cortex_ray.knowledge import Fusion, KnowledgeService, SearchResult, knowledge_search_tool
@@ -218,6 +219,7 @@ class Runtime:
         self.connector_policy = ConnectorPolicy(
             GovernanceStore(db), connectors, cache_s=settings.grant_cache_s
         )
+        self.secrets = SecretStore(db, settings)
         self.dispatcher = ToolDispatcher(
             self.registry,
             self.access,
@@ -226,6 +228,7 @@ class Runtime:
             memory=memory,
             hooks=hooks,
             governance=self.connector_policy,
+            secrets=self.secrets,
         )
         self.governance = Governance(
             store=self.store,
@@ -235,6 +238,7 @@ class Runtime:
             authorize=self._authorize,
             audited=self._audited,
             excludes_requester=settings.approval_excludes_requester,
+            secrets=self.secrets,
         )
         """Connectors, grants and the audit log (``cortex_ray.governance``), as use cases."""
         self.composer = PromptComposer(

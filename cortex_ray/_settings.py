@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -578,6 +578,16 @@ class Settings(BaseSettings):
     approval_excludes_requester: bool = Field(
         default=False,
         description="the person who started a run may not approve its calls",
+    )
+    secret_key: SecretStr | None = Field(
+        default=None,
+        description="the key that encrypts each organisation's secrets at rest (32 bytes, "
+        "urlsafe base64); unset: read from secret_key_file",
+    )
+    secret_key_file: Path | None = Field(
+        default=None,
+        description="a file holding that key; unset: data_dir/secret.key, made (mode 0600) "
+        "on first use",
     )
     stop_after_repeats: int = Field(
         default=3,

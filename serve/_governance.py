@@ -261,6 +261,31 @@ class ApprovalDecision(_Body):
     note: str = Field(default="", max_length=2000, pattern=r"^[^\x00]*$")
 
 
+class SecretBody(_Out):
+    name: str
+    connector: str | None
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class SecretList(_Out):
+    secrets: list[SecretBody]
+
+
+class SecretPut(_Body):
+    value: str = Field(min_length=1, max_length=16_384, description="never returned")
+    connector: str | None = Field(
+        default=None,
+        max_length=100,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="only this connector's tools may read it",
+    )
+
+
+SecretName = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")]
+
+
 class LabelCreate(_Body):
     label: RunLabel
     note: str = Field(default="", max_length=2000, pattern=r"^[^\x00]*$")
@@ -463,4 +488,32 @@ def governance_router() -> APIRouter:
         await state.executor.start_run(org, decided.run_id)
         return ApprovalBody.of(decided)
 
+    @router.get("/secrets", response_model=SecretList, tags=["governance"], responses=_ADMIN)
+    async def list_secrets(state: StateDep, org: OrgPath, principal: MemberDep) -> SecretList:
+        """The organisation's secrets (admins): names and who set them, never values."""
+        found = await state.runtime.governance.list_secrets(org, principal=principal)
+        return SecretList(secrets=[SecretBody.model_validate(vars_of(i)) for i in found])
+
+    @router.put("/secrets/{name}", response_model=SecretBody, tags=["governance"], responses=_ADMIN)
+    async def put_secret(
+        state: StateDep, org: OrgPath, principal: MemberDep, name: SecretName, body: SecretPut
+    ) -> SecretBody:
+        """Set or replace a secret (admins); sealed at rest, its value never comes back."""
+        info = await state.runtime.governance.put_secret(
+            org, name, body.value, connector=body.connector, principal=principal
+        )
+        return SecretBody.model_validate(vars_of(info))
+
+    @router.delete("/secrets/{name}", status_code=204, tags=["governance"], responses=_ADMIN)
+    async def delete_secret(
+        state: StateDep, org: OrgPath, principal: MemberDep, name: SecretName
+    ) -> None:
+        """Delete a secret (admins)."""
+        await state.runtime.governance.delete_secret(org, name, principal=principal)
+
     return router
+
+
+def vars_of(info: Any) -> dict[str, Any]:
+    """A slotted dataclass's fields as a dict."""
+    return {name: getattr(info, name) for name in info.__slots__}

@@ -827,6 +827,9 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
             f"{base}/approvals/{uuid.UUID(int=11)}/decision",
             {"json": {"approve": True}},
         ),
+        "list_secrets": ("GET", f"{base}/secrets", {}),
+        "put_secret": ("PUT", f"{base}/secrets/intruder_key", {"json": {"value": "v"}}),
+        "delete_secret": ("DELETE", f"{base}/secrets/victim_key", {}),
     }
     return {op: (m, url.format(**values), kw) for op, (m, url, kw) in routes.items()}
 
@@ -910,6 +913,8 @@ async def test_no_route_reads_or_writes_another_organisation(
         "read_audit": 200,
         "shadow_acceptance": 200,
         "list_approvals": 200,
+        "list_secrets": 200,
+        "put_secret": 200,  # its own organisation's secret
     }
     for op, (method, url, kwargs) in requests_for(estate, intruder.org).items():
         r = await client.request(method, url, headers=intruder.auth(intruder.admin), **kwargs)

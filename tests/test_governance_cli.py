@@ -209,3 +209,38 @@ async def test_approvals_from_the_command_line_across_processes(env: dict[str, s
         assert [t for t, _ in ran] == ["crm_lookup", "crm_update"]
     finally:
         await third.close()
+
+
+def test_secrets_from_the_command_line(env: dict[str, str]) -> None:
+    """The value comes from standard input, never the command line, and never comes back."""
+    import subprocess
+
+    from tests.test_cli import CLI
+
+    org = f"cli-{uuid.uuid4().hex[:8]}"
+
+    def with_input(*args: str, value: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CLI, "--org", org, *args],
+            env=env,
+            input=value,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    made = with_input("secrets", "set", "crm_token", "--connector", "crm", value="hunter2-x\n")
+    assert made.returncode == 0, made.stderr
+    assert "hunter2-x" not in made.stdout + made.stderr
+    bad = with_input("secrets", "set", "bad name", value="v")
+    assert_one_line_error(bad, 2, "a secret's name")
+    listed = cortex(env, "--org", org, "secrets", "list")
+    assert re.search(r"crm_token\s+crm\s+operator", listed.stdout), listed.stdout
+    assert "hunter2-x" not in listed.stdout
+    assert cortex(env, "--org", org, "secrets", "delete", "crm_token").returncode == 0
+    assert_one_line_error(
+        cortex(env, "--org", org, "secrets", "delete", "crm_token"), 1, "no secret 'crm_token'"
+    )
+    audit = cortex(env, "--org", org, "audit")
+    assert "secrets.put" in audit.stdout and "hunter2-x" not in audit.stdout

@@ -233,6 +233,18 @@ REFUSALS: dict[UseCase, tuple[str, Call]] = {
             w.org, uuid.uuid4(), approve=True, principal=w.outsider
         ),
     ),
+    UseCase.SECRETS_LIST: (
+        "member",
+        lambda r, w: r.governance.list_secrets(w.org, principal=w.member),
+    ),
+    UseCase.SECRETS_PUT: (
+        "member",
+        lambda r, w: r.governance.put_secret(w.org, "k", "v", principal=w.member),
+    ),
+    UseCase.SECRETS_DELETE: (
+        "member",
+        lambda r, w: r.governance.delete_secret(w.org, "k", principal=w.member),
+    ),
     UseCase.TASKS_LABEL: (
         "outsider",
         lambda r, w: r.governance.label_run(

@@ -141,6 +141,10 @@ class UseCase(Enum):
     # Approval requests of paused runs: members read them; an admin person decides.
     APPROVALS_LIST = ("approvals.list", ActionType.RETRIEVAL, Tier.READ, False)
     APPROVALS_DECIDE = ("approvals.decide", ActionType.GROUNDING, Tier.ADMIN, True)
+    # Secrets: admins set and delete them and see their names; nobody reads a value back.
+    SECRETS_LIST = ("secrets.list", ActionType.RETRIEVAL, Tier.ADMIN, False)
+    SECRETS_PUT = ("secrets.put", ActionType.GROUNDING, Tier.ADMIN, True)
+    SECRETS_DELETE = ("secrets.delete", ActionType.GROUNDING, Tier.ADMIN, True)
 
     def __init__(self, label: str, category: ActionType, tier: Tier, audit_allowed: bool) -> None:
         self.label = label

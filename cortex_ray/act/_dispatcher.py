@@ -51,7 +51,7 @@ from cortex_ray._types import (
 )
 from cortex_ray.access import AccessControlService
 from cortex_ray.act._tools import Tool, ToolContext, ToolRegistry
-from cortex_ray.governance import ConnectorPolicy, Verdict, redact
+from cortex_ray.governance import ConnectorPolicy, Verdict, redact, redact_values
 from cortex_ray.observability import captured, diagnostics, metrics
 from cortex_ray.storage import AuditEntry, Store
 
@@ -203,8 +203,11 @@ class ToolDispatcher:
         memory: Any = None,
         hooks: Sequence[ToolHook] = (),
         governance: ConnectorPolicy | None = None,
+        secrets: Any = None,
     ) -> None:
         self.registry = registry
+        self.secrets = secrets
+        """The organisation secret store tools read credentials from (``ToolContext.secret``)."""
         self.governance = governance
         """Decides the calls of connectors' tools; without it every such call is denied."""
         self.access = access
@@ -260,6 +263,8 @@ class ToolDispatcher:
             step_index=ctx.step_index,
             memory=self.memory,
             call_key=ctx.idempotency_key,
+            secrets=self.secrets,
+            connector=tool.connector if tool else None,
         )
         with tracer.start_as_current_span(
             f"execute_tool {tool_name}",
@@ -538,7 +543,8 @@ class ToolDispatcher:
             status, reason = ObservationStatus.TIMEOUT, f"timed out after {timeout:g}s"
         except Exception as exc:  # a tool's failure is an observation, not a crash
             status, reason = ObservationStatus.ERROR, f"{type(exc).__name__}: {exc}"
-            log.debug("tool %s failed", name, exc_info=True)
+            reason = redact_values(reason, ctx.revealed)
+            log.debug("tool %s failed: %s", name, reason)
         if status is not ObservationStatus.OK:
             obs = Observation(
                 tool=name,
@@ -550,6 +556,8 @@ class ToolDispatcher:
         if verdict is not None and verdict.sensitive_fields:
             # Before anything keeps or shows it: the step log, the audit hash, the model.
             output, facts.redacted = redact(output, verdict.sensitive_fields)
+        if ctx.revealed:  # a secret the call read never leaves it
+            output = redact_values(output, ctx.revealed)
         full = _text(output)
         facts.result_sha256 = _sha256(full)
         facts.source_ids = _source_ids(output)

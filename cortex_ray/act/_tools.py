@@ -40,6 +40,30 @@ class ToolContext:
     call_key: str | None = None
     """The key the caller gave this call (a turn's round, a direct call's
     ``Idempotency-Key``); read :attr:`idempotency_key`, which falls back to the run step's."""
+    secrets: Any = None
+    """The organisation's secret store (``cortex_ray.governance.SecretStore``)."""
+    connector: str | None = None
+    """The connector of the tool called, if any: it may read that connector's secrets."""
+    revealed: list[str] = field(default_factory=list)
+    """The secret values this call read: the gate redacts them from what the call returns."""
+
+    async def secret(self, name: str) -> str:
+        """A credential from the organisation's secret store (a connector's tool reads its
+        connector's secrets and those bound to none). Never return or log it: the gate
+        redacts it from the result and error anyway.
+
+        Raises:
+            NotFoundError: No such secret in the organisation.
+            AccessDeniedError: It belongs to another connector.
+            ConfigurationError: No secret store, or it does not open with the key.
+        """
+        if self.secrets is None:
+            from cortex_ray._exceptions import ConfigurationError
+
+            raise ConfigurationError("this runtime has no secret store")
+        value: str = await self.secrets.reveal(self.org_id, name, connector=self.connector)
+        self.revealed.append(value)
+        return value
 
     @property
     def idempotency_key(self) -> str | None:

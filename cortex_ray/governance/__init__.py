@@ -2,7 +2,14 @@
 gate (``cortex_ray.act``), and the use cases that manage them."""
 
 from cortex_ray.governance._discovery import CONNECTOR_ENTRY_POINTS, discover_connectors
-from cortex_ray.governance._policy import REDACTED, ConnectorPolicy, check_constraints, redact
+from cortex_ray.governance._policy import (
+    REDACTED,
+    ConnectorPolicy,
+    check_constraints,
+    redact,
+    redact_values,
+)
+from cortex_ray.governance._secrets import SecretInfo, SecretStore, load_secret_key
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
     Approval,
@@ -41,9 +48,13 @@ __all__ = [
     "RunLabel",
     "RunLabelRecord",
     "RunReport",
+    "SecretInfo",
+    "SecretStore",
     "ShadowAcceptance",
     "Verdict",
     "check_constraints",
     "discover_connectors",
+    "load_secret_key",
     "redact",
+    "redact_values",
 ]

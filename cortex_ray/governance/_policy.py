@@ -31,7 +31,7 @@ from cortex_ray.governance._types import (
     Verdict,
 )
 
-__all__ = ["REDACTED", "ConnectorPolicy", "check_constraints", "redact"]
+__all__ = ["REDACTED", "ConnectorPolicy", "check_constraints", "redact", "redact_values"]
 
 REDACTED = "[REDACTED]"
 _CACHE_ENTRIES = 10_000
@@ -103,6 +103,30 @@ def redact(value: Any, fields: frozenset[str]) -> tuple[Any, int]:
         return v
 
     return walk(value), count
+
+
+def redact_values(value: Any, secrets: Sequence[str]) -> Any:
+    """``value`` with every occurrence of each secret (in any string, at any depth, keys
+    too) replaced by ``[REDACTED]``."""
+    needles = sorted({s for s in secrets if s}, key=len, reverse=True)
+    if not needles:
+        return value
+
+    def text(s: str) -> str:
+        for needle in needles:
+            s = s.replace(needle, REDACTED)
+        return s
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            return text(v)
+        if isinstance(v, dict):
+            return {text(k) if isinstance(k, str) else k: walk(i) for k, i in v.items()}
+        if isinstance(v, list | tuple):
+            return [walk(i) for i in v]
+        return v
+
+    return walk(value)
 
 
 class ConnectorPolicy:

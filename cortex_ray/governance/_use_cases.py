@@ -14,6 +14,7 @@ from cortex_ray._exceptions import ConflictError, InvalidRequestError, NotFoundE
 from cortex_ray._types import Principal, RunMode, RunStatus, utcnow
 from cortex_ray.access import UseCase
 from cortex_ray.governance._policy import ConnectorPolicy, check_constraints
+from cortex_ray.governance._secrets import SecretInfo, SecretStore
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
     Approval,
@@ -78,8 +79,10 @@ class Governance:
         authorize: _Authorize,
         audited: _Audited,
         excludes_requester: bool = False,
+        secrets: SecretStore | None = None,
     ) -> None:
         self.excludes_requester = excludes_requester
+        self.secrets = secrets
         self.store = store
         self.gov = governance
         self.policy = policy
@@ -395,3 +398,52 @@ class Governance:
         """Expire every pending request whose time is up (the supervisor's sweep): each
         counts as a rejection, its run back to RUNNING for the executor."""
         return await self.gov.expire_due()
+
+    # secrets ------------------------------------------------------------------------------
+
+    def _secret_store(self) -> SecretStore:
+        if self.secrets is None:
+            raise InvalidRequestError("this runtime has no secret store")
+        return self.secrets
+
+    async def list_secrets(
+        self, org_id: str, *, principal: Principal | None = None
+    ) -> list[SecretInfo]:
+        """The organisation's secrets: names, connectors and who set them; never values."""
+        await self._authorize(principal, UseCase.SECRETS_LIST, org_id)
+        return await self._secret_store().list(org_id)
+
+    async def put_secret(
+        self,
+        org_id: str,
+        name: str,
+        value: str,
+        *,
+        connector: str | None = None,
+        principal: Principal | None = None,
+    ) -> SecretInfo:
+        """Set (or replace) a secret, sealed at rest; ``connector``: only that connector's
+        tools may read it. The audit row names it, never its value.
+
+        Raises:
+            InvalidRequestError: A bad name, an empty or too long value.
+            NotFoundError: ``connector`` is not registered.
+        """
+        args = {"name": name, "connector": connector}
+        caller = await self._authorize(principal, UseCase.SECRETS_PUT, org_id, args=args)
+        if connector is not None:
+            self._definition(connector)
+        await self.store.ensure_org(org_id)
+        info = await self._secret_store().put(
+            org_id, name, value, connector=connector, by=caller.id
+        )
+        await self._audited(caller, UseCase.SECRETS_PUT, org_id, args=args)
+        return info
+
+    async def delete_secret(
+        self, org_id: str, name: str, *, principal: Principal | None = None
+    ) -> None:
+        args = {"name": name}
+        caller = await self._authorize(principal, UseCase.SECRETS_DELETE, org_id, args=args)
+        await self._secret_store().delete(org_id, name)
+        await self._audited(caller, UseCase.SECRETS_DELETE, org_id, args=args)

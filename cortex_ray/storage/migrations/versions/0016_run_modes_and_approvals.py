@@ -4,7 +4,9 @@
 of a run (accepted, rejected, mixed: the acceptance report reads it). ``approvals`` holds
 approval requests, one row each, never a waiting thread: the call (tool, arguments, tier),
 the decision that chose it (candidates and scores), the evidence, who may decide, the
-expiry, and the decision. A run waiting for one is AWAITING_APPROVAL.
+expiry, and the decision. A run waiting for one is AWAITING_APPROVAL. ``org_secrets`` holds
+each organisation's connector credentials, AES-GCM encrypted at rest (the organisation and
+the name are the associated data, so a ciphertext moved to another row does not decrypt).
 
 Revision ID: 0016
 Revises: 0015
@@ -63,6 +65,17 @@ def upgrade() -> None:
         );
         CREATE INDEX approvals_pending ON approvals (org_id, expires_at)
             WHERE status = 'PENDING';
+        CREATE TABLE org_secrets (
+            org_id      text NOT NULL REFERENCES organisations (id),
+            name        text NOT NULL CHECK (name ~ '^[A-Za-z_][A-Za-z0-9_.-]{0,99}$'),
+            connector   text,
+            nonce       bytea NOT NULL,
+            ciphertext  bytea NOT NULL,
+            created_by  text NOT NULL,
+            created_at  timestamptz NOT NULL DEFAULT now(),
+            updated_at  timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (org_id, name)
+        );
         """
     )
 
@@ -70,6 +83,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(
         """
+        DROP TABLE org_secrets;
         DROP TABLE approvals;
         DROP TABLE run_labels;
         ALTER TABLE task_runs DROP COLUMN run_mode,
