@@ -245,6 +245,22 @@ REFUSALS: dict[UseCase, tuple[str, Call]] = {
         "member",
         lambda r, w: r.governance.delete_secret(w.org, "k", principal=w.member),
     ),
+    UseCase.SCHEDULES_LIST: (
+        "outsider",
+        lambda r, w: r.governance.list_schedules(w.org, principal=w.outsider),
+    ),
+    UseCase.SCHEDULES_CREATE: (
+        "outsider",
+        lambda r, w: r.governance.create_schedule(
+            w.org, w.worker, "g", interval_s=60, principal=w.outsider
+        ),
+    ),
+    UseCase.SCHEDULES_CHANGE: (
+        "outsider",
+        lambda r, w: r.governance.change_schedule(
+            w.org, uuid.uuid4(), "cancel", principal=w.outsider
+        ),
+    ),
     UseCase.TASKS_LABEL: (
         "outsider",
         lambda r, w: r.governance.label_run(

@@ -145,6 +145,11 @@ class UseCase(Enum):
     SECRETS_LIST = ("secrets.list", ActionType.RETRIEVAL, Tier.ADMIN, False)
     SECRETS_PUT = ("secrets.put", ActionType.GROUNDING, Tier.ADMIN, True)
     SECRETS_DELETE = ("secrets.delete", ActionType.GROUNDING, Tier.ADMIN, True)
+    # Schedules fire autonomous runs: like submitting tasks; changing one is its creator's
+    # or an admin's.
+    SCHEDULES_LIST = ("schedules.list", ActionType.RETRIEVAL, Tier.READ, False)
+    SCHEDULES_CREATE = ("schedules.create", ActionType.GROUNDING, Tier.WRITE, True)
+    SCHEDULES_CHANGE = ("schedules.change", ActionType.GROUNDING, Tier.WRITE, True)
 
     def __init__(self, label: str, category: ActionType, tier: Tier, audit_allowed: bool) -> None:
         self.label = label
@@ -198,6 +203,12 @@ def _authorize(
         and not principal.is_admin
     ):
         return AccessDecision(False, "only the run's caller or an admin may cancel it")
+    if (
+        use_case is UseCase.SCHEDULES_CHANGE
+        and request.owner_id != principal.id
+        and not principal.is_admin
+    ):
+        return AccessDecision(False, "only the schedule's creator or an admin may change it")
     if use_case is UseCase.TASKS_LABEL and principal.kind is not PrincipalKind.USER:
         return AccessDecision(False, "only a person labels a run")
     if use_case is UseCase.APPROVALS_DECIDE:

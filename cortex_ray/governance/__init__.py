@@ -9,6 +9,7 @@ from cortex_ray.governance._policy import (
     redact,
     redact_values,
 )
+from cortex_ray.governance._schedules import Schedule, ScheduleStatus, ScheduleStore
 from cortex_ray.governance._secrets import SecretInfo, SecretStore, load_secret_key
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
@@ -48,6 +49,9 @@ __all__ = [
     "RunLabel",
     "RunLabelRecord",
     "RunReport",
+    "Schedule",
+    "ScheduleStatus",
+    "ScheduleStore",
     "SecretInfo",
     "SecretStore",
     "ShadowAcceptance",

@@ -11,9 +11,15 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from cortex_ray._exceptions import ConflictError, InvalidRequestError, NotFoundError
-from cortex_ray._types import Principal, RunMode, RunStatus, utcnow
+from cortex_ray._types import AgentMode, Principal, RunMode, RunStatus, utcnow
 from cortex_ray.access import UseCase
 from cortex_ray.governance._policy import ConnectorPolicy, check_constraints
+from cortex_ray.governance._schedules import (
+    Schedule,
+    ScheduleStatus,
+    ScheduleStore,
+    validate_schedule,
+)
 from cortex_ray.governance._secrets import SecretInfo, SecretStore
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
@@ -83,6 +89,7 @@ class Governance:
     ) -> None:
         self.excludes_requester = excludes_requester
         self.secrets = secrets
+        self.schedules = ScheduleStore(store.db)
         self.store = store
         self.gov = governance
         self.policy = policy
@@ -447,3 +454,117 @@ class Governance:
         caller = await self._authorize(principal, UseCase.SECRETS_DELETE, org_id, args=args)
         await self._secret_store().delete(org_id, name)
         await self._audited(caller, UseCase.SECRETS_DELETE, org_id, args=args)
+
+    # schedules ----------------------------------------------------------------------------
+
+    async def create_schedule(
+        self,
+        org_id: str,
+        agent_ref: UUID | str,
+        goal: str,
+        *,
+        cron: str | None = None,
+        interval_s: int | None = None,
+        run_at: Any = None,
+        timezone: str = "UTC",
+        max_steps: int = 8,
+        run_mode: RunMode = RunMode.EXECUTE,
+        name: str = "",
+        max_steps_limit: int = 64,
+        principal: Principal | None = None,
+    ) -> Schedule:
+        """A recurring (``cron`` in ``timezone``, or every ``interval_s`` from ``run_at`` or
+        now) or one-off (``run_at``) autonomous task of an AUTONOMOUS agent.
+
+        Raises:
+            NotFoundError: No such agent here.
+            InvalidRequestError: See ``validate_schedule``; a step budget out of range; an
+                agent that is not AUTONOMOUS.
+        """
+        args = {"agent": str(agent_ref), "cron": cron, "interval_s": interval_s}
+        caller = await self._authorize(principal, UseCase.SCHEDULES_CREATE, org_id, args=args)
+        agent = await self.store.get_agent(org_id, agent_ref)
+        if agent.mode is not AgentMode.AUTONOMOUS:
+            raise InvalidRequestError(f"agent {agent.name!r} is not AUTONOMOUS")
+        if not 1 <= max_steps <= max_steps_limit:
+            raise InvalidRequestError(f"max_steps must be between 1 and {max_steps_limit}")
+        schedule = validate_schedule(
+            Schedule(
+                org_id=org_id,
+                agent_id=agent.id,
+                name=name,
+                goal=goal.strip(),
+                cron=cron,
+                interval_s=interval_s,
+                timezone=timezone,
+                next_run_at=run_at,
+                max_steps=max_steps,
+                run_mode=run_mode,
+                created_by=caller.id,
+            ),
+            utcnow(),
+        )
+        await self.schedules.create(schedule)
+        await self._audited(caller, UseCase.SCHEDULES_CREATE, org_id, args=args)
+        return schedule
+
+    async def list_schedules(
+        self, org_id: str, *, principal: Principal | None = None
+    ) -> list[Schedule]:
+        await self._authorize(principal, UseCase.SCHEDULES_LIST, org_id)
+        return await self.schedules.in_org(org_id)
+
+    async def change_schedule(
+        self,
+        org_id: str,
+        schedule_id: UUID,
+        action: str,
+        *,
+        principal: Principal | None = None,
+    ) -> Schedule:
+        """``suspend`` (no firing until resumed), ``resume`` (an ACTIVE schedule again; what
+        it missed while suspended coalesces into one run) or ``cancel`` (for good).
+
+        Raises:
+            NotFoundError: No such schedule here.
+            InvalidRequestError: An unknown action.
+            ConflictError: Cancelled or done already, or resuming one that is not suspended.
+        """
+        if action not in ("suspend", "resume", "cancel"):
+            raise InvalidRequestError("action is suspend, resume or cancel")
+        args = {"schedule": str(schedule_id), "action": action}
+        caller = principal or Principal.operator(org_id)
+        found = await self.schedules.get(org_id, schedule_id) if caller.org_id == org_id else None
+        caller = await self._authorize(
+            principal,
+            UseCase.SCHEDULES_CHANGE,
+            org_id,
+            args=args,
+            owner_id=None if found is None else found.created_by,
+        )
+        if found is None:
+            raise NotFoundError(f"no schedule {schedule_id} in this organisation")
+        if found.status in (ScheduleStatus.CANCELLED, ScheduleStatus.DONE):
+            raise ConflictError(f"schedule {schedule_id} is {found.status}")
+        if action == "resume" and found.status != ScheduleStatus.SUSPENDED:
+            raise ConflictError(f"schedule {schedule_id} is {found.status}, not SUSPENDED")
+        status = {
+            "suspend": ScheduleStatus.SUSPENDED,
+            "resume": ScheduleStatus.ACTIVE,
+            "cancel": ScheduleStatus.CANCELLED,
+        }[action]
+        changed = await self.schedules.set_status(org_id, schedule_id, status)
+        assert changed is not None
+        await self._audited(caller, UseCase.SCHEDULES_CHANGE, org_id, args=args)
+        return changed
+
+    async def fire_due_schedules(self, now: Any = None) -> list[tuple[str, UUID]]:
+        """Fire every due schedule once (the scheduler's sweep, in every organisation): the
+        (organisation, run id) of each run made here, for the executor to drive."""
+        now = now or utcnow()
+        made = []
+        for schedule in await self.schedules.due(now):
+            run_id = await self.schedules.fire(schedule, now)
+            if run_id is not None:
+                made.append((schedule.org_id, run_id))
+        return made

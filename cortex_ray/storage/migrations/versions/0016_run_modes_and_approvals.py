@@ -76,6 +76,30 @@ def upgrade() -> None:
             updated_at  timestamptz NOT NULL DEFAULT now(),
             PRIMARY KEY (org_id, name)
         );
+        CREATE TABLE schedules (
+            org_id       text NOT NULL,
+            id           uuid NOT NULL,
+            agent_id     uuid NOT NULL,
+            name         text NOT NULL DEFAULT '',
+            goal         text NOT NULL CHECK (length(goal) > 0),
+            cron         text,
+            interval_s   integer CHECK (interval_s IS NULL OR interval_s >= 1),
+            timezone     text NOT NULL DEFAULT 'UTC',
+            next_run_at  timestamptz,
+            max_steps    integer NOT NULL CHECK (max_steps > 0),
+            run_mode     text NOT NULL DEFAULT 'execute',
+            status       text NOT NULL DEFAULT 'ACTIVE'
+                CHECK (status IN ('ACTIVE', 'SUSPENDED', 'CANCELLED', 'DONE')),
+            created_by   text NOT NULL,
+            created_at   timestamptz NOT NULL DEFAULT now(),
+            fired        integer NOT NULL DEFAULT 0,
+            last_run_id  uuid,
+            last_fired_at timestamptz,
+            PRIMARY KEY (org_id, id),
+            FOREIGN KEY (org_id, agent_id) REFERENCES agents (org_id, id),
+            CHECK (cron IS NULL OR interval_s IS NULL)
+        );
+        CREATE INDEX schedules_due ON schedules (next_run_at) WHERE status = 'ACTIVE';
         """
     )
 
@@ -83,6 +107,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(
         """
+        DROP TABLE schedules;
         DROP TABLE org_secrets;
         DROP TABLE approvals;
         DROP TABLE run_labels;
