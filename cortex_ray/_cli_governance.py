@@ -12,7 +12,7 @@ import typer
 from rich.text import Text
 
 from cortex_ray._exceptions import InvalidRequestError
-from cortex_ray._types import CapabilityTier, Principal
+from cortex_ray._types import CapabilityTier, Principal, RunMode
 from cortex_ray.governance import ApprovalPolicy, ApprovalStatus, GrantRequest, RunLabel
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "runs_acceptance",
     "runs_label",
     "runs_report",
+    "schedules_app",
     "secrets_app",
 ]
 
@@ -508,3 +509,108 @@ def secrets_delete(
         return 0
 
     _cli()._execute(work())
+
+
+schedules_app = typer.Typer(
+    help="Recurring and one-off autonomous tasks: list, create, suspend, resume, cancel.",
+    no_args_is_help=True,
+)
+
+
+@schedules_app.command("list")
+def schedules_list(ctx: typer.Context) -> None:
+    """The organisation's schedules."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        async with _cli()._runtime(with_models=False) as runtime:
+            found = await runtime.governance.list_schedules(org, principal=Principal.operator(org))
+        table = _cli()._list_table(f"schedules of {org}")
+        for column in ("id", "status", "when", "next", "fired", "goal"):
+            table.add_column(column, overflow="fold")
+        for s in found:
+            when = (s.cron and f"{s.cron} ({s.timezone})") or (
+                f"every {s.interval_s}s" if s.interval_s else "once"
+            )
+            nxt = s.next_run_at.isoformat(timespec="seconds") if s.next_run_at else ""
+            table.add_row(
+                str(s.id), s.status, when, nxt, str(s.fired), Text(_cli()._shorten(s.goal, 60))
+            )
+        _cli()._out.print(table)
+        return 0
+
+    _cli()._execute(work())
+
+
+@schedules_app.command("create")
+def schedules_create(
+    ctx: typer.Context,
+    agent: Annotated[str, typer.Argument(help="An AUTONOMOUS agent's name or id.")],
+    goal: Annotated[str, typer.Argument(help="The goal of each run.")],
+    cron: Annotated[str | None, typer.Option("--cron", help="e.g. '0 9 * * 1-5'.")] = None,
+    every: Annotated[int | None, typer.Option("--every", help="Interval in seconds.")] = None,
+    at: Annotated[
+        datetime | None, typer.Option("--at", help="A one-off's time, or an interval's start.")
+    ] = None,
+    tz: Annotated[str, typer.Option("--tz", help="The cron's time zone.")] = "UTC",
+    max_steps: Annotated[int, typer.Option("--max-steps", help="Each run's budget.")] = 8,
+    run_mode: Annotated[RunMode, typer.Option("--mode", help="execute|dry_run|shadow")] = (
+        RunMode.EXECUTE
+    ),
+) -> None:
+    """Schedule an agent's goal: --cron, --every, or --at alone for a one-off."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        async with _cli()._runtime(with_models=False) as runtime:
+            made = await runtime.governance.create_schedule(
+                org,
+                agent,
+                goal,
+                cron=cron,
+                interval_s=every,
+                run_at=at,
+                timezone=tz,
+                max_steps=max_steps,
+                run_mode=run_mode,
+                max_steps_limit=runtime.settings.max_steps_limit,
+                principal=Principal.operator(org),
+            )
+        nxt = made.next_run_at.isoformat(timespec="seconds") if made.next_run_at else "-"
+        _cli()._out.print(Text(f"schedule {made.id}: next run {nxt}"))
+        return 0
+
+    _cli()._execute(work())
+
+
+def _change_schedule(ctx: typer.Context, schedule_id: str, action: str) -> None:
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        key = _cli()._parse_uuid(schedule_id, "schedule")
+        async with _cli()._runtime(with_models=False) as runtime:
+            changed = await runtime.governance.change_schedule(
+                org, key, action, principal=Principal.operator(org)
+            )
+        _cli()._out.print(Text(f"schedule {changed.id}: {changed.status}"))
+        return 0
+
+    _cli()._execute(work())
+
+
+@schedules_app.command("suspend")
+def schedules_suspend(ctx: typer.Context, schedule_id: Annotated[str, typer.Argument()]) -> None:
+    """Stop firing until resumed."""
+    _change_schedule(ctx, schedule_id, "suspend")
+
+
+@schedules_app.command("resume")
+def schedules_resume(ctx: typer.Context, schedule_id: Annotated[str, typer.Argument()]) -> None:
+    """Fire again (what was missed coalesces into one run)."""
+    _change_schedule(ctx, schedule_id, "resume")
+
+
+@schedules_app.command("cancel")
+def schedules_cancel(ctx: typer.Context, schedule_id: Annotated[str, typer.Argument()]) -> None:
+    """Stop for good."""
+    _change_schedule(ctx, schedule_id, "cancel")

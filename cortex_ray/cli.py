@@ -1247,6 +1247,7 @@ from cortex_ray._cli_governance import (  # noqa: E402
     runs_acceptance,
     runs_label,
     runs_report,
+    schedules_app,
     secrets_app,
 )
 from cortex_ray._cli_governance import audit as _audit_command  # noqa: E402
@@ -1255,6 +1256,7 @@ app.add_typer(connectors_app, name="connectors")
 app.add_typer(grants_app, name="grants")
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(secrets_app, name="secrets")
+app.add_typer(schedules_app, name="schedules")
 app.command("audit")(_audit_command)
 runs_app.command("report")(runs_report)
 runs_app.command("label")(runs_label)

@@ -11,7 +11,7 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import Field
 
-from cortex_ray import CapabilityTier
+from cortex_ray import CapabilityTier, RunMode
 from cortex_ray.governance import (
     Approval,
     ApprovalPolicy,
@@ -286,6 +286,47 @@ class SecretPut(_Body):
 SecretName = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")]
 
 
+class ScheduleCreate(_Body):
+    agent_id: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00]+$")
+    goal: str = Field(min_length=1, max_length=20_000, pattern=r"^[^\x00]+$")
+    name: str = Field(default="", max_length=200, pattern=r"^[^\x00]*$")
+    cron: str | None = Field(default=None, max_length=200, pattern=r"^[^\x00]*$")
+    interval_s: int | None = Field(default=None, ge=1, le=366 * 86400)
+    run_at: datetime | None = Field(
+        default=None, description="a one-off's time, or when an interval starts"
+    )
+    timezone: str = Field(default="UTC", max_length=100, pattern=r"^[^\x00]+$")
+    max_steps: int = Field(default=8, ge=1)
+    run_mode: RunMode = RunMode.EXECUTE
+
+
+class ScheduleBody(_Out):
+    id: UUID
+    agent_id: UUID
+    name: str
+    goal: str
+    cron: str | None
+    interval_s: int | None
+    timezone: str
+    next_run_at: datetime | None
+    max_steps: int
+    run_mode: RunMode
+    status: str
+    created_by: str
+    created_at: datetime
+    fired: int
+    last_run_id: UUID | None
+    last_fired_at: datetime | None
+
+
+class ScheduleList(_Out):
+    schedules: list[ScheduleBody]
+
+
+def _schedule(s: Any) -> ScheduleBody:
+    return ScheduleBody.model_validate(s.model_dump(exclude={"org_id"}))
+
+
 class LabelCreate(_Body):
     label: RunLabel
     note: str = Field(default="", max_length=2000, pattern=r"^[^\x00]*$")
@@ -510,6 +551,53 @@ def governance_router() -> APIRouter:
     ) -> None:
         """Delete a secret (admins)."""
         await state.runtime.governance.delete_secret(org, name, principal=principal)
+
+    @router.get("/schedules", response_model=ScheduleList, tags=["schedules"])
+    async def list_schedules(state: StateDep, org: OrgPath, principal: MemberDep) -> ScheduleList:
+        """The organisation's schedules, oldest first."""
+        found = await state.runtime.governance.list_schedules(org, principal=principal)
+        return ScheduleList(schedules=[_schedule(s) for s in found])
+
+    @router.post("/schedules", response_model=ScheduleBody, status_code=201, tags=["schedules"])
+    async def create_schedule(
+        state: StateDep, org: OrgPath, principal: MemberDep, body: ScheduleCreate
+    ) -> ScheduleBody:
+        """A recurring (``cron`` in ``timezone``, or every ``intervalS``) or one-off
+        (``runAt``) autonomous task; fired once per due time by the API's scheduler."""
+        made = await state.runtime.governance.create_schedule(
+            org,
+            body.agent_id,
+            body.goal,
+            cron=body.cron,
+            interval_s=body.interval_s,
+            run_at=body.run_at,
+            timezone=body.timezone,
+            max_steps=body.max_steps,
+            run_mode=body.run_mode,
+            name=body.name,
+            max_steps_limit=state.runtime.settings.max_steps_limit,
+            principal=principal,
+        )
+        return _schedule(made)
+
+    @router.post(
+        "/schedules/{schedule_id}/{action}",
+        response_model=ScheduleBody,
+        tags=["schedules"],
+        responses={409: {"model": ApiError, "description": "cancelled, done, not suspended"}},
+    )
+    async def change_schedule(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        schedule_id: UUID,
+        action: Annotated[str, Path(pattern=r"^(suspend|resume|cancel)$")],
+    ) -> ScheduleBody:
+        """Suspend, resume or cancel a schedule (its creator or an admin)."""
+        changed = await state.runtime.governance.change_schedule(
+            org, schedule_id, action, principal=principal
+        )
+        return _schedule(changed)
 
     return router
 

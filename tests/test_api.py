@@ -830,6 +830,13 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
         "list_secrets": ("GET", f"{base}/secrets", {}),
         "put_secret": ("PUT", f"{base}/secrets/intruder_key", {"json": {"value": "v"}}),
         "delete_secret": ("DELETE", f"{base}/secrets/victim_key", {}),
+        "list_schedules": ("GET", f"{base}/schedules", {}),
+        "create_schedule": (
+            "POST",
+            f"{base}/schedules",
+            {"json": {"agentId": estate.worker["id"], "goal": "pwn", "intervalS": 60}},
+        ),
+        "change_schedule": ("POST", f"{base}/schedules/{uuid.UUID(int=13)}/cancel", {}),
     }
     return {op: (m, url.format(**values), kw) for op, (m, url, kw) in routes.items()}
 
@@ -915,6 +922,7 @@ async def test_no_route_reads_or_writes_another_organisation(
         "list_approvals": 200,
         "list_secrets": 200,
         "put_secret": 200,  # its own organisation's secret
+        "list_schedules": 200,
     }
     for op, (method, url, kwargs) in requests_for(estate, intruder.org).items():
         r = await client.request(method, url, headers=intruder.auth(intruder.admin), **kwargs)

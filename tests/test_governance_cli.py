@@ -244,3 +244,28 @@ def test_secrets_from_the_command_line(env: dict[str, str]) -> None:
     )
     audit = cortex(env, "--org", org, "audit")
     assert "secrets.put" in audit.stdout and "hunter2-x" not in audit.stdout
+
+
+def test_schedules_from_the_command_line(env: dict[str, str]) -> None:
+    org = f"cli-{uuid.uuid4().hex[:8]}"
+    made_agent = cortex(env, "--org", org, "agents", "create", "nightly", "--mode", "autonomous")
+    assert made_agent.returncode == 0, made_agent.stderr
+    assert_one_line_error(
+        cortex(env, "--org", org, "schedules", "create", "nightly", "g", "--cron", "nope"),
+        2,
+        "invalid cron expression",
+    )
+    made = cortex(
+        env, "--org", org, "schedules", "create", "nightly", "check the clock",
+        "--cron", "0 9 * * *", "--tz", "Europe/Paris",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    found = re.search(r"schedule ([0-9a-f-]{36}): next run", made.stdout)
+    assert found, made.stdout
+    sid = found.group(1)
+    listed = cortex(env, "--org", org, "schedules", "list").stdout
+    assert sid in listed and "ACTIVE" in listed and "Europe/Paris" in listed
+    for action, status in (("suspend", "SUSPENDED"), ("resume", "ACTIVE"), ("cancel", "CANCELLED")):
+        done = cortex(env, "--org", org, "schedules", action, sid)
+        assert done.returncode == 0 and status in done.stdout, done.stderr
+    assert_one_line_error(cortex(env, "--org", org, "schedules", "resume", sid), 1, "CANCELLED")

@@ -170,3 +170,55 @@ async def test_suspend_resume_cancel_and_who_may(runtime: Runtime, org: str) -> 
     with pytest.raises(InvalidRequestError):
         await g.change_schedule(org, made.id, "explode")
     assert await g.list_schedules(f"{org}-x", principal=outsider) == []
+
+
+async def test_schedules_over_http(runtime: Runtime, org: str) -> None:
+    import httpx2
+
+    from cortex_ray import InProcessExecutor
+    from serve import create_app
+
+    name = await agent(runtime, org)
+    keys = [
+        await runtime.create_api_key(o, who, admin=False, grant=["*"])
+        for o, who in ((org, "bob"), (org, "carol"), (f"{org}-x", "eve"))
+    ]
+    bob, carol, eve = ({"Authorization": f"Bearer {k.key}"} for k in keys)
+    executor = InProcessExecutor(runtime)
+    base = f"/api/orgs/{org}"
+    try:
+        transport = httpx2.ASGITransport(app=create_app(runtime, executor))
+        async with httpx2.AsyncClient(transport=transport, base_url="http://api") as http:
+            body = {"agentId": name, "goal": "check", "cron": "0 * * * *", "timezone": "UTC"}
+            for bad, status, why in [
+                ({**body, "cron": "nope"}, 422, "invalid cron expression"),
+                ({**body, "runMode": "yolo"}, 422, "runMode"),
+                ({**body, "agentId": "ghost"}, 404, "ghost"),
+                ({**body, "maxSteps": 0}, 422, "maxSteps"),
+            ]:
+                r = await http.post(f"{base}/schedules", headers=bob, json=bad)
+                assert r.status_code == status and why in r.text, r.text
+            r = await http.post(f"{base}/schedules", headers=bob, json=body)
+            assert r.status_code == 201, r.text
+            made = r.json()
+            assert made["createdBy"] == "bob" and made["nextRunAt"]
+            listed = (await http.get(f"{base}/schedules", headers=carol)).json()["schedules"]
+            assert [s["id"] for s in listed] == [made["id"]]
+            url = f"{base}/schedules/{made['id']}"
+            r = await http.post(f"{url}/suspend", headers=carol)
+            assert r.status_code == 403
+            assert (await http.post(f"{url}/suspend", headers=bob)).json()["status"] == "SUSPENDED"
+            assert (await http.post(f"{url}/explode", headers=bob)).status_code in (404, 422)
+            assert (await http.post(f"{url}/cancel", headers=bob)).json()["status"] == "CANCELLED"
+            r = await http.post(f"{url}/resume", headers=bob)
+            assert r.status_code == 409
+            for method, path in [
+                ("GET", "/schedules"),
+                ("POST", f"/schedules/{made['id']}/cancel"),
+            ]:
+                r = await http.request(method, base + path, headers=eve)
+                assert r.status_code == 404
+            r = await http.post(f"/api/orgs/{org}-x/schedules/{made['id']}/cancel", headers=eve)
+            assert r.status_code == 404
+    finally:
+        await executor.aclose()

@@ -535,6 +535,8 @@ class Governance:
         args = {"schedule": str(schedule_id), "action": action}
         caller = principal or Principal.operator(org_id)
         found = await self.schedules.get(org_id, schedule_id) if caller.org_id == org_id else None
+        if found is None and caller.org_id == org_id:
+            raise NotFoundError(f"no schedule {schedule_id} in this organisation")
         caller = await self._authorize(
             principal,
             UseCase.SCHEDULES_CHANGE,
