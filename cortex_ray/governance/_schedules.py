@@ -3,10 +3,11 @@ and one-off autonomous tasks, stored in PostgreSQL and fired exactly once per du
 
 **Exactly once.** Firing a due schedule creates its run, with an id derived from the
 schedule and the due time (``uuid5``), and moves ``next_run_at`` on only if it still is
-that due time (compare and set), in one transaction. Two schedulers (two API replicas)
-firing the same due time both try to create the same run: the second insert conflicts
-(waiting for the first to commit) and makes nothing, and its compare and set matches no
-row. A scheduler that dies mid-way rolls back: the schedule stays due for the next sweep.
+that due time (compare and set), in one transaction, for a batch of due schedules locked
+``FOR UPDATE SKIP LOCKED``: two schedulers (two API replicas) sweeping at once take
+different schedules instead of waiting for each other; and should both reach the same due
+time, the second insert conflicts and makes nothing and its compare and set matches no row.
+A scheduler that dies mid-way rolls back: the schedule stays due for the next sweep.
 
 **Missed runs** (the stack was down over several due times): they coalesce into one run,
 fired at once, and the schedule moves to its first due time after now. A one-off schedule
@@ -176,51 +177,64 @@ class ScheduleStore:
             row = await cur.fetchone()
         return None if row is None else Schedule.model_validate(row)
 
-    async def due(self, now: datetime, limit: int = 1000) -> list[Schedule]:
-        async with self.db.connection() as conn:
+    async def fire_due(self, now: datetime, limit: int = 200) -> list[tuple[str, UUID]]:
+        """Fire up to ``limit`` due schedules in one transaction (see the module docstring):
+        the (organisation, run id) of each run made. The due rows are locked ``SKIP
+        LOCKED``, so schedulers sweeping at once share the work instead of waiting; the
+        derived run ids and the compare and set keep it exactly once regardless."""
+        async with self.db.transaction() as conn:
             cur = await conn.execute(
                 """
                 SELECT * FROM schedules WHERE status = 'ACTIVE' AND next_run_at <= %s
-                ORDER BY next_run_at LIMIT %s
+                ORDER BY next_run_at LIMIT %s FOR UPDATE SKIP LOCKED
                 """,
                 (now, limit),
             )
-            return [Schedule.model_validate(r) for r in await cur.fetchall()]
-
-    async def fire(self, schedule: Schedule, now: datetime) -> UUID | None:
-        """Fire one due schedule (see the module docstring); the new run's id, or ``None``
-        when another scheduler made this due time's run."""
-        due = schedule.next_run_at
-        assert due is not None
-        run_id = run_id_for(schedule.id, due)
-        following = next_due(schedule, max(now, due))
-        async with self.db.transaction() as conn:
+            due = [Schedule.model_validate(r) for r in await cur.fetchall()]
+            if not due:
+                return []
+            fired_at = utcnow()  # when the runs are made, not when the sweep began
+            nexts = [next_due(s, max(now, s.next_run_at or now)) for s in due]
+            run_ids = [run_id_for(s.id, s.next_run_at or now) for s in due]
             cur = await conn.execute(
                 """
                 INSERT INTO task_runs (org_id, id, agent_id, name, goal, status, max_steps,
                                        requested_by, created_at, run_mode)
-                SELECT %s, %s, %s, %s, %s, 'RUNNING', %s, %s, %s, %s
-                FROM schedules s
-                WHERE s.org_id = %s AND s.id = %s AND s.status = 'ACTIVE'
-                  AND s.next_run_at = %s
+                SELECT o, i, a, n, g, 'RUNNING', m, r, %s, rm
+                FROM unnest(%s::text[], %s::uuid[], %s::uuid[], %s::text[], %s::text[],
+                            %s::int[], %s::text[], %s::text[]) AS u(o, i, a, n, g, m, r, rm)
                 ON CONFLICT (org_id, id) DO NOTHING
-                RETURNING id
+                RETURNING org_id, id
                 """,
                 (
-                    schedule.org_id, run_id, schedule.agent_id,
-                    schedule.name or f"schedule {schedule.id}", schedule.goal,
-                    schedule.max_steps, f"schedule:{schedule.id}", now,
-                    schedule.run_mode.value, schedule.org_id, schedule.id, due,
+                    fired_at,
+                    [s.org_id for s in due],
+                    run_ids,
+                    [s.agent_id for s in due],
+                    [s.name or f"schedule {s.id}" for s in due],
+                    [s.goal for s in due],
+                    [s.max_steps for s in due],
+                    [f"schedule:{s.id}" for s in due],
+                    [s.run_mode.value for s in due],
                 ),
-            )  # fmt: skip
-            made = await cur.fetchone() is not None
+            )
+            made = [(r["org_id"], r["id"]) for r in await cur.fetchall()]
             await conn.execute(
                 """
-                UPDATE schedules SET next_run_at = %s, last_fired_at = %s,
-                    last_run_id = %s, fired = fired + 1,
-                    status = CASE WHEN %s::timestamptz IS NULL THEN 'DONE' ELSE status END
-                WHERE org_id = %s AND id = %s AND next_run_at = %s AND status = 'ACTIVE'
+                UPDATE schedules s SET next_run_at = u.nxt, last_fired_at = %s,
+                    last_run_id = u.run, fired = s.fired + 1,
+                    status = CASE WHEN u.nxt IS NULL THEN 'DONE' ELSE s.status END
+                FROM unnest(%s::text[], %s::uuid[], %s::timestamptz[], %s::timestamptz[],
+                            %s::uuid[]) AS u(o, i, due, nxt, run)
+                WHERE s.org_id = u.o AND s.id = u.i AND s.next_run_at = u.due
                 """,
-                (following, now, run_id, following, schedule.org_id, schedule.id, due),
+                (
+                    fired_at,
+                    [s.org_id for s in due],
+                    [s.id for s in due],
+                    [s.next_run_at for s in due],
+                    nexts,
+                    run_ids,
+                ),
             )
-        return run_id if made else None
+        return made

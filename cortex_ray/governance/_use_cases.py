@@ -564,9 +564,7 @@ class Governance:
         """Fire every due schedule once (the scheduler's sweep, in every organisation): the
         (organisation, run id) of each run made here, for the executor to drive."""
         now = now or utcnow()
-        made = []
-        for schedule in await self.schedules.due(now):
-            run_id = await self.schedules.fire(schedule, now)
-            if run_id is not None:
-                made.append((schedule.org_id, run_id))
+        made: list[tuple[str, UUID]] = []
+        while batch := await self.schedules.fire_due(now):
+            made.extend(batch)
         return made
