@@ -57,6 +57,7 @@ from cortex_ray._types import (
     Principal,
     RunCost,
     RunLoop,
+    RunMode,
     RunStatus,
     Session,
     SessionStatus,
@@ -72,6 +73,7 @@ from cortex_ray._types import (
 )
 from cortex_ray.act import Dispatch, InvocationContext, ToolDispatcher, ToolRegistry
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
+from cortex_ray.governance import Approval, GovernanceStore
 from cortex_ray.learn import Learner
 from cortex_ray.models import recording
 from cortex_ray.observability import diagnostics, metrics
@@ -140,6 +142,7 @@ class DecisionCycle:
         self.interactive = interactive
         self.learner = learner
         self.leases = RunLeases(db)  # one driver per run: held, renewed, fenced writes
+        self.approvals = GovernanceStore(db)  # approval requests pause runs (issue 18)
 
     # the shared step ----------------------------------------------------------------------
 
@@ -259,7 +262,18 @@ class DecisionCycle:
                 )
                 await self.store.insert_audit(conn, audit)
                 observations.append(note)
-        return await self._drive(agent, run, lease, on_step, observations)
+        # A decided approval request for the next step: carried out, or recorded as refused.
+        from cortex_ray._approvals import settle_approval
+
+        run, approved = await settle_approval(
+            self,
+            self.approvals,
+            _run_context(agent, run, len(run.steps)),
+            run,
+            lease,
+            observations,
+        )
+        return await self._drive(agent, run, lease, on_step, observations, approved)
 
     async def drive(
         self,
@@ -322,9 +336,11 @@ class DecisionCycle:
         lease: RunLease,
         on_step: StepCallback | None,
         observations: list[Observation] | None = None,
+        approved: Approval | None = None,
     ) -> TaskRun:
         """One attempt at the run, with its diagnostic timeline and its cost: the tokens
-        and seconds it spent are added to the run's, and the loops it showed."""
+        and seconds it spent are added to the run's, and the loops it showed. ``approved``:
+        the approved request the next step carries out without deciding again."""
         timeline = self._timeline(run.org_id, run_id=run.id)
         first = not run.steps
         queue_s = max((utcnow() - run.created_at).total_seconds(), 0.0) if first else 0.0
@@ -339,7 +355,9 @@ class DecisionCycle:
                 queue_s=round(queue_s, 3) if first else None,
             )
             try:
-                final = await self._drive_traced(agent, run, lease, on_step, observations, watch)
+                final = await self._drive_traced(
+                    agent, run, lease, on_step, observations, watch, approved
+                )
             except BaseException as exc:
                 diagnostics.note("failure", error=f"{type(exc).__name__}: {exc}")
                 await asyncio.shield(self._end_attempt(run, timeline, watch, queue_s, started))
@@ -409,6 +427,7 @@ class DecisionCycle:
         on_step: StepCallback | None,
         observations: list[Observation] | None,
         watch: _LoopWatch,
+        approved: Approval | None = None,
     ) -> TaskRun:
         steps = list(run.steps)
         if observations is None:
@@ -436,8 +455,13 @@ class DecisionCycle:
                 if timeline is not None:
                     timeline.step = step_index
                 step, final = await self._autonomous_step(
-                    agent, run, lease, step_index, observations, on_step
+                    agent, run, lease, step_index, observations, on_step, approved
                 )
+                approved = None
+                if step is None:  # paused on an approval request: no step recorded yet
+                    assert final is not None
+                    end_run_span(span, final)
+                    return final.model_copy(update={"steps": tuple(steps)})
                 steps.append(step)
                 if (loop := watch.see(step)) is not None:
                     self._looped(agent, run, span, loop)
@@ -466,8 +490,11 @@ class DecisionCycle:
         step_index: int,
         observations: list[Observation],
         on_step: StepCallback | None,
-    ) -> tuple[Step, TaskRun | None]:
-        """One cycle: its ledger row, and the finished run when it reached a terminal state."""
+        approved: Approval | None = None,
+    ) -> tuple[Step | None, TaskRun | None]:
+        """One cycle: its ledger row, and the finished run when it reached a terminal state;
+        no row and the paused run when its call waits for approval. With ``approved`` the
+        step carries out that request's decision instead of deciding."""
         with tracer.start_as_current_span(
             f"step {step_index}",
             attributes={
@@ -491,9 +518,18 @@ class DecisionCycle:
                             run.org_id, run.id, step_index, action, conn=conn
                         )
 
+            decide: Decide = self.autonomous.decide
+            if approved is not None:
+                from cortex_ray._approvals import replayed
+
+                decided = replayed(approved)
+
+                async def decide(wm: WorkingMemory) -> Decision:  # not decided again
+                    return decided
+
             cycle = await self.step(
-                _run_context(agent, run, step_index),
-                self.autonomous.decide,
+                _run_context(agent, run, step_index, approved),
+                decide,
                 objective=run.objective(),
                 observations=observations,
                 step_index=step_index,
@@ -542,6 +578,25 @@ class DecisionCycle:
                 return step, final
 
             dispatch = cycle.dispatch
+            if (
+                dispatch.audit.decision == "approval_required"
+                and run.run_mode is RunMode.EXECUTE
+                and approved is None
+            ):
+                from cortex_ray._approvals import pause_for_approval
+
+                paused = await pause_for_approval(
+                    self,
+                    self.approvals,
+                    run,
+                    lease,
+                    step_index,
+                    decision,
+                    dispatch,
+                    observations,
+                    clear_intent=side_effects,
+                )
+                return None, paused
             observation = dispatch.observation  # OBSERVE
             observations.append(observation)
             step = Step(
@@ -853,13 +908,17 @@ def _run_done(agent: Agent, run: TaskRun) -> None:
     )
 
 
-def _run_context(agent: Agent, run: TaskRun, step_index: int) -> InvocationContext:
+def _run_context(
+    agent: Agent, run: TaskRun, step_index: int, approved: Approval | None = None
+) -> InvocationContext:
     return InvocationContext(
+        approval_id=None if approved is None else approved.id,
         agent=agent,
         caller=None,
         mode=AgentMode.AUTONOMOUS,
         run_id=run.id,
         step_index=step_index,
+        run_mode=run.run_mode,
     )
 
 

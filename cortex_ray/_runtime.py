@@ -64,6 +64,7 @@ from cortex_ray._types import (
     PrincipalKind,
     ProceduralProposal,
     ProposalStatus,
+    RunMode,
     RunStatus,
     ScoredMemory,
     Session,
@@ -100,6 +101,14 @@ from cortex_ray.evals import (
     compare_runs,
     decide_settings,
     run_suite,
+)
+from cortex_ray.governance import (
+    Connector,
+    ConnectorPolicy,
+    Governance,
+    GovernanceStore,
+    SecretStore,
+    discover_connectors,
 )
 from cortex_ray.knowledge import Fusion, KnowledgeService, SearchResult, knowledge_search_tool
 from cortex_ray.learn import Learner
@@ -189,6 +198,7 @@ class Runtime:
         classifier: ActionClassifier | None = None,
         knowledge: KnowledgeService | None = None,
         critic_model: ModelClient | None = None,
+        connectors: Iterable[Connector] = (),
     ) -> None:
         self.settings = settings
         self.db = db
@@ -205,9 +215,32 @@ class Runtime:
         # knowledge_search is registered, not built in: an agent gets it by naming it.
         searching = [knowledge_search_tool(knowledge)] if knowledge is not None else []
         self.registry = ToolRegistry([*builtin_tools(), *searching, *tools], classifier)
-        self.dispatcher = ToolDispatcher(
-            self.registry, self.access, self.store, settings, memory=memory, hooks=hooks
+        # Connector tools are decided by their grants too, in the same gate (issue 18).
+        self.connector_policy = ConnectorPolicy(
+            GovernanceStore(db), connectors, cache_s=settings.grant_cache_s
         )
+        self.secrets = SecretStore(db, settings)
+        self.dispatcher = ToolDispatcher(
+            self.registry,
+            self.access,
+            self.store,
+            settings,
+            memory=memory,
+            hooks=hooks,
+            governance=self.connector_policy,
+            secrets=self.secrets,
+        )
+        self.governance = Governance(
+            store=self.store,
+            governance=self.connector_policy.store,
+            policy=self.connector_policy,
+            tools_of=self._connector_tools,
+            authorize=self._authorize,
+            audited=self._audited,
+            excludes_requester=settings.approval_excludes_requester,
+            secrets=self.secrets,
+        )
+        """Connectors, grants and the audit log (``cortex_ray.governance``), as use cases."""
         self.composer = PromptComposer(
             show_action_space=settings.show_action_space,
             earlier_chars=settings.progress_earlier_chars,
@@ -271,6 +304,7 @@ class Runtime:
         db: Database | None = None,
         reranker: Reranker | None = None,
         critic_model: ModelClient | None = None,
+        connectors: Iterable[Connector] | None = None,
     ) -> Runtime:
         """Start or reach the database, open the models the settings name, and wire the cycle.
 
@@ -282,7 +316,12 @@ class Runtime:
         one (the ``served`` backend does), else that stage is skipped and each result says
         so. ``critic_model`` reviews the answers
         of agents with ``critic`` on (default: their own model, a same-lineage review).
+        ``connectors`` (with their tools in ``tools``) default to those installed packages
+        offer (``cortex_ray.governance.discover_connectors``).
         """
+        if connectors is None:
+            connectors, offered = discover_connectors()
+            tools = [*tools, *offered]
         if settings is None:
             settings = load_settings()
         if isinstance(model, str) and model != "settings":
@@ -336,6 +375,7 @@ class Runtime:
                 hooks=hooks,
                 knowledge=knowledge,
                 critic_model=critic_model,
+                connectors=connectors,
             )
             # Close only what this call opened; a caller's model or database is theirs.
             runtime._owns_model = opens_chat
@@ -347,6 +387,11 @@ class Runtime:
             if db is None:
                 await database.close()
             raise
+
+    def _connector_tools(self, connector: str) -> list[str]:
+        """The names of the registered tools that belong to ``connector``."""
+        tools = (self.registry.get(name) for name in self.registry.names())
+        return [t.name for t in tools if t is not None and t.connector == connector]
 
     async def close(self, *, close_db: bool = True) -> None:
         """Release the run leases this runtime still holds (the next driver takes the runs
@@ -388,6 +433,7 @@ class Runtime:
         owner_id: str | None = None,
         args: dict[str, Any] | None = None,
         session_id: UUID | None = None,
+        approvers: tuple[str, ...] = (),
     ) -> Principal:
         """Decide ``use_case`` for the caller (the operator when ``None``); a refusal is
         audited and raised as ``AccessDeniedError``. Returns the acting principal."""
@@ -396,7 +442,9 @@ class Runtime:
         if use_case is UseCase.MEMORY_SEARCH:
             tool = self.registry.get("memory_search")
             category = self.registry.classifier.classify(tool or "memory_search")
-        request = UseCaseRequest(org_id, agent=agent, owner_id=owner_id, tool_category=category)
+        request = UseCaseRequest(
+            org_id, agent=agent, owner_id=owner_id, tool_category=category, approvers=approvers
+        )
         decision = self.access.authorize(caller, use_case, request)
         if not decision.allowed:
             await self._audit(
@@ -469,6 +517,7 @@ class Runtime:
             step_index=None,
             session_id=session_id,
             idempotency_key=None,
+            tier=use_case.tier,
         )
 
     @staticmethod
@@ -600,15 +649,24 @@ class Runtime:
         caller_id: str | None = None,
         contact_context: dict[str, Any] | None = None,
         principal: Principal | None = None,
+        run_mode: RunMode = RunMode.EXECUTE,
     ) -> TaskRun:
         """Validate and record a new RUNNING task run (nothing is executed yet; hand its id
         to an ``Executor``, or call :meth:`drive_run`).
 
         ``caller_id`` is the person the run acts for; the calling principal is recorded as
         ``requested_by``. ``contact_context`` (a JSON object, at most 8 KiB) is shown to the
-        agent with the goal."""
+        agent with the goal. ``run_mode``: execute, dry_run or shadow (``RunMode``)."""
         _, _, run = await self._start(
-            org_id, agent_ref, goal, max_steps, name, caller_id, contact_context, principal
+            org_id,
+            agent_ref,
+            goal,
+            max_steps,
+            name,
+            caller_id,
+            contact_context,
+            principal,
+            run_mode,
         )
         return run
 
@@ -622,8 +680,11 @@ class Runtime:
         caller_id: str | None,
         contact_context: dict[str, Any] | None,
         principal: Principal | None,
+        run_mode: RunMode = RunMode.EXECUTE,
     ) -> tuple[Principal, Agent, TaskRun]:
         args: dict[str, Any] = {"agent": str(agent_ref), "max_steps": max_steps}
+        if run_mode is not RunMode.EXECUTE:
+            args["run_mode"] = run_mode.value
         caller, agent = await self._agent_for(
             principal, UseCase.TASKS_SUBMIT, org_id, agent_ref, args=args
         )
@@ -667,6 +728,7 @@ class Runtime:
                 contact_context=contact_context or None,
                 # every attempt's spans go under this (the hop to the actor is the run's row)
                 trace_parent=current_traceparent(),
+                run_mode=run_mode,
             )
             # The submission's OK row goes in the run's own transaction: one round trip of
             # statements instead of a second transaction, and never a run without its row.
@@ -692,11 +754,12 @@ class Runtime:
         caller_id: str | None = None,
         on_step: StepCallback | None = None,
         principal: Principal | None = None,
+        run_mode: RunMode = RunMode.EXECUTE,
     ) -> TaskRun:
         """Run an agent autonomously against ``goal`` here, until it finishes or the budget
         ends (``start_run`` + ``drive_run``)."""
         _, agent, run = await self._start(
-            org_id, agent_ref, goal, max_steps, name, caller_id, None, principal
+            org_id, agent_ref, goal, max_steps, name, caller_id, None, principal, run_mode
         )
         return await self.cycle.drive(agent, run, on_step, owner=self.driver_id)
 

@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -570,6 +570,33 @@ class Settings(BaseSettings):
     )
     tool_output_chars: int = Field(
         default=4000, ge=64, description="tool output kept in an observation"
+    )
+    grant_cache_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="how long a process reuses the connector grants it read for a call "
+        "(0: read them on every call); a grant made or revoked through this process counts "
+        "at once, through another within this time (docs/governance.md)",
+    )
+    approval_ttl_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description="how long an approval request waits for a person; then it expires, "
+        "which counts as a rejection",
+    )
+    approval_excludes_requester: bool = Field(
+        default=False,
+        description="the person who started a run may not approve its calls",
+    )
+    secret_key: SecretStr | None = Field(
+        default=None,
+        description="the key that encrypts each organisation's secrets at rest (32 bytes, "
+        "urlsafe base64); unset: read from secret_key_file",
+    )
+    secret_key_file: Path | None = Field(
+        default=None,
+        description="a file holding that key; unset: data_dir/secret.key, made (mode 0600) "
+        "on first use",
     )
     stop_after_repeats: int = Field(
         default=3,

@@ -66,6 +66,20 @@ class RunSupervisor:
         """One pass: hand every orphaned run to the executor (or end it FAILED when out of
         attempts); returns how many runs were handed over."""
         started = 0
+        # Approval requests out of time count as rejections: their runs continue at once.
+        for expired in await self.runtime.governance.expire_approvals():
+            try:
+                await self.executor.start_run(expired.org_id, expired.run_id)
+                started += 1
+            except Exception as exc:  # picked up as an orphan by a later sweep
+                log.warning("run %s: could not be resumed now: %s", expired.run_id, exc)
+        # Due schedules: each fired once, whichever supervisor gets there (issue 18).
+        for org_id, run_id in await self.runtime.governance.fire_due_schedules():
+            try:
+                await self.executor.start_run(org_id, run_id)
+                started += 1
+            except Exception as exc:  # picked up as an orphan by a later sweep
+                log.warning("run %s: could not be started now: %s", run_id, exc)
         for orphan in await self.runtime.orphaned_runs():
             if orphan.attempts >= self.policy.max_attempts:
                 reason = exhausted_reason(orphan.attempts)

@@ -85,6 +85,19 @@ class ActionType(StrEnum):
     GROUNDING = "GROUNDING"
 
 
+class CapabilityTier(StrEnum):
+    """What a tool (or a use case) can do: read, change things, or administer the tenant.
+
+    Beside the action category: a GROUNDING call can read (``current_time``) or write (send
+    an e-mail); run modes and connector grants decide on the tier. Unclassified tools are
+    WRITE (``ActionClassifier.tier``): assuming a side effect is the safe default.
+    """
+
+    READ = "read"
+    WRITE = "write"
+    ADMIN = "admin"
+
+
 class Grant(_Model):
     """What a principal may invoke: tool names (``"*"`` for all) and whole action types."""
 
@@ -180,6 +193,7 @@ class ToolSpec(_Model):
         default_factory=lambda: {"type": "object", "properties": {}, "additionalProperties": False}
     )
     action_type: ActionType = ActionType.GROUNDING
+    tier: CapabilityTier = CapabilityTier.WRITE
 
 
 class AgentAction(_Model):
@@ -239,6 +253,24 @@ class ObservationStatus(StrEnum):
     ERROR = "ERROR"
     TIMEOUT = "TIMEOUT"
     CANCELLED = "CANCELLED"
+    SIMULATED = "SIMULATED"
+    """A dry run's WRITE or ADMIN call: validated and allowed, not executed."""
+    PROPOSED = "PROPOSED"
+    """A shadow run's WRITE or ADMIN call: recorded as a proposal, never executed."""
+
+
+class RunMode(StrEnum):
+    """How a run's calls take effect (docs/governance.md, "Run modes").
+
+    EXECUTE runs every allowed call; DRY_RUN validates and decides every call but runs only
+    READ tools (the others are SIMULATED, and the run's report lists them); SHADOW runs READ
+    tools and records every WRITE or ADMIN call as a proposal (PROPOSED) that nothing ever
+    executes, for a person to label the run.
+    """
+
+    EXECUTE = "execute"
+    DRY_RUN = "dry_run"
+    SHADOW = "shadow"
 
 
 class Observation(_Model):
@@ -368,6 +400,9 @@ class TurnEvent(_Model):
 
 class RunStatus(StrEnum):
     RUNNING = "RUNNING"
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
+    """Paused on an approval request (a row, ``cortex_ray.governance.Approval``): no driver,
+    no actor; a person's decision, or its expiry, puts it back to RUNNING."""
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
 
@@ -506,6 +541,9 @@ class TaskRun(_Model):
     )
     cost: RunCost | None = Field(
         default=None, description="tokens and seconds spent, over the attempts so far"
+    )
+    run_mode: RunMode = Field(
+        default=RunMode.EXECUTE, description="execute, dry_run or shadow (RunMode)"
     )
 
     def objective(self) -> str:

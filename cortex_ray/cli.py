@@ -53,6 +53,7 @@ from cortex_ray._types import (
     Principal,
     PrincipalKind,
     ProposalStatus,
+    RunMode,
     RunStatus,
     Step,
     TaskRun,
@@ -326,7 +327,13 @@ def _run_exit_code(run: TaskRun) -> int:
 
 
 async def _run_live(
-    runtime: Runtime, org: str, agent: Agent, goal: str, max_steps: int | None, name: str
+    runtime: Runtime,
+    org: str,
+    agent: Agent,
+    goal: str,
+    max_steps: int | None,
+    name: str,
+    run_mode: RunMode = RunMode.EXECUTE,
 ) -> TaskRun:
     """Run autonomously, printing each step as it lands under a spinner on stderr.
 
@@ -334,7 +341,13 @@ async def _run_live(
     known before the first step, so it can be shown at once and named if interrupted.
     """
     run = await runtime.start_run(
-        org, agent.id, goal, max_steps=max_steps, name=name, principal=_operator(org)
+        org,
+        agent.id,
+        goal,
+        max_steps=max_steps,
+        name=name,
+        principal=_operator(org),
+        run_mode=run_mode,
     )
     return await _drive_live(runtime, org, run, agent, resume=False)
 
@@ -474,6 +487,12 @@ def run_command(
         int | None, typer.Option("--max-steps", help="Step budget (default from settings).")
     ] = None,
     name: Annotated[str, typer.Option("--name", help="A label for the run.")] = "",
+    run_mode: Annotated[
+        RunMode,
+        typer.Option(
+            "--mode", help="execute; dry_run: only READ tools run; shadow: writes are proposals."
+        ),
+    ] = RunMode.EXECUTE,
 ) -> None:
     """Run an agent autonomously against GOAL. Exit 0 if COMPLETED, 3 if FAILED."""
     org = _org(ctx)
@@ -481,7 +500,7 @@ def run_command(
     async def work() -> int:
         async with _runtime(with_models=True) as runtime:
             found = await runtime.get_agent(org, agent, principal=_operator(org))
-            run = await _run_live(runtime, org, found, goal, max_steps, name)
+            run = await _run_live(runtime, org, found, goal, max_steps, name, run_mode)
             _print_run(run, found.name)
             return _run_exit_code(run)
 
@@ -1270,6 +1289,29 @@ def main() -> None:
     """The ``cortex-ray`` console script."""
     app()
 
+
+# Commands kept in their own modules (issue 18: connectors, grants, the audit log).
+from cortex_ray._cli_governance import (  # noqa: E402
+    approvals_app,
+    connectors_app,
+    grants_app,
+    runs_acceptance,
+    runs_label,
+    runs_report,
+    schedules_app,
+    secrets_app,
+)
+from cortex_ray._cli_governance import audit as _audit_command  # noqa: E402
+
+app.add_typer(connectors_app, name="connectors")
+app.add_typer(grants_app, name="grants")
+app.add_typer(approvals_app, name="approvals")
+app.add_typer(secrets_app, name="secrets")
+app.add_typer(schedules_app, name="schedules")
+app.command("audit")(_audit_command)
+runs_app.command("report")(runs_report)
+runs_app.command("label")(runs_label)
+runs_app.command("acceptance")(runs_acceptance)
 
 if __name__ == "__main__":
     main()

@@ -503,7 +503,14 @@ def create_app(
     app.include_router(_health_router())
     app.include_router(_me_router())
     app.include_router(_org_router())
+    app.include_router(_governance_router())
     return app
+
+
+def _governance_router() -> APIRouter:
+    from serve._governance import governance_router  # it imports this module's dependencies
+
+    return governance_router()
 
 
 def _health_router() -> APIRouter:
@@ -769,6 +776,7 @@ def _org_router() -> APIRouter:
             caller_id=payload.caller_user_id or principal.id,
             contact_context=payload.contact_context,
             principal=principal,
+            run_mode=body.run_mode,
         )
         await state.executor.start_run(org, run.id)
         location = f"/api/orgs/{org}/tasks/{run.id}"

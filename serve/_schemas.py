@@ -31,6 +31,7 @@ from cortex_ray import (
     AgentChanges,
     AgentMode,
     Candidate,
+    CapabilityTier,
     DecisionKind,
     Grant,
     MemoryKind,
@@ -41,6 +42,7 @@ from cortex_ray import (
     PrincipalKind,
     ProceduralProposal,
     ProposalStatus,
+    RunMode,
     RunStatus,
     ScoredMemory,
     Session,
@@ -397,6 +399,11 @@ class TaskCreate(_Body):
     agent_id: Name = Field(description="the agent's id (or its name)")
     assignee_kind: Literal["AGENT"] = "AGENT"
     payload: TaskPayload
+    run_mode: RunMode = Field(
+        default=RunMode.EXECUTE,
+        description="execute; dry_run (only READ tools run, the rest is simulated); shadow "
+        "(WRITE and ADMIN calls are recorded as proposals, never executed)",
+    )
 
 
 class TaskAccepted(_Out):
@@ -534,6 +541,7 @@ class TaskSummary(_Out):
     reason: str | None
     created_at: datetime
     finished_at: datetime | None
+    run_mode: RunMode = RunMode.EXECUTE
 
 
 class TraceSpanBody(_Out):
@@ -666,6 +674,7 @@ def _summary_fields(run: TaskRun) -> dict[str, Any]:
         "reason": run.reason,
         "created_at": run.created_at,
         "finished_at": run.finished_at,
+        "run_mode": run.run_mode,
     }
 
 
@@ -1028,6 +1037,7 @@ class ToolBody(_Out):
     description: str
     parameters: dict[str, Any]
     action_type: ActionType
+    tier: CapabilityTier = Field(description="read, write or admin: what a call may change")
 
     @classmethod
     def of(cls, spec: ToolSpec) -> ToolBody:
@@ -1036,6 +1046,7 @@ class ToolBody(_Out):
             description=spec.description,
             parameters=spec.parameters,
             action_type=spec.action_type,
+            tier=spec.tier,
         )
 
 

@@ -805,6 +805,38 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
             f"{base}/proposals/{uuid.UUID(int=7)}/decision",
             {"json": {"approve": True}},
         ),
+        # governance (issue 18): this server registers no connector
+        "list_connectors": ("GET", f"{base}/connectors", {}),
+        "install_connector": ("PUT", f"{base}/connectors/crm", {"json": {}}),
+        "check_connector": ("POST", f"{base}/connectors/crm/check", {}),
+        "list_grants": ("GET", f"{base}/grants", {}),
+        "create_grant": (
+            "POST",
+            f"{base}/grants",
+            {"json": {"principalId": "*", "connector": "crm"}},
+        ),
+        "revoke_grant": ("DELETE", f"{base}/grants/{uuid.UUID(int=9)}", {}),
+        "read_audit": ("GET", f"{base}/audit", {"params": {"runId": estate.task_id}}),
+        "task_report": ("GET", f"{base}/tasks/{{task_id}}/report", {}),
+        "label_task": ("POST", f"{base}/tasks/{{task_id}}/label", {"json": {"label": "accepted"}}),
+        "shadow_acceptance": ("GET", f"{base}/shadow/acceptance", {}),
+        "list_approvals": ("GET", f"{base}/approvals", {"params": {"runId": estate.task_id}}),
+        "get_approval": ("GET", f"{base}/approvals/{uuid.UUID(int=11)}", {}),
+        "decide_approval": (
+            "POST",
+            f"{base}/approvals/{uuid.UUID(int=11)}/decision",
+            {"json": {"approve": True}},
+        ),
+        "list_secrets": ("GET", f"{base}/secrets", {}),
+        "put_secret": ("PUT", f"{base}/secrets/intruder_key", {"json": {"value": "v"}}),
+        "delete_secret": ("DELETE", f"{base}/secrets/victim_key", {}),
+        "list_schedules": ("GET", f"{base}/schedules", {}),
+        "create_schedule": (
+            "POST",
+            f"{base}/schedules",
+            {"json": {"agentId": estate.worker["id"], "goal": "pwn", "intervalS": 60}},
+        ),
+        "change_schedule": ("POST", f"{base}/schedules/{uuid.UUID(int=13)}/cancel", {}),
     }
     return {op: (m, url.format(**values), kw) for op, (m, url, kw) in routes.items()}
 
@@ -883,6 +915,14 @@ async def test_no_route_reads_or_writes_another_organisation(
         "list_eval_suites": 200,
         "list_eval_runs": 200,
         "create_eval_suite": 422,  # no cases
+        "list_connectors": 200,
+        "list_grants": 200,
+        "read_audit": 200,
+        "shadow_acceptance": 200,
+        "list_approvals": 200,
+        "list_secrets": 200,
+        "put_secret": 200,  # its own organisation's secret
+        "list_schedules": 200,
     }
     for op, (method, url, kwargs) in requests_for(estate, intruder.org).items():
         r = await client.request(method, url, headers=intruder.auth(intruder.admin), **kwargs)

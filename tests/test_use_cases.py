@@ -31,6 +31,7 @@ from cortex_ray import (
 from cortex_ray._types import DecisionKind, MemorySnapshot, RunStatus, WorkingMemory
 from cortex_ray.access import UseCase
 from cortex_ray.evals import Cassette, EvalCase, EvalSuite, RecordedStep, SameDecisions
+from cortex_ray.governance import GrantRequest, RunLabel
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import HashEmbedder
 from cortex_ray.storage import Database
@@ -193,6 +194,78 @@ REFUSALS: dict[UseCase, tuple[str, Call]] = {
     UseCase.EVALS_RUN: (
         "outsider",
         lambda r, w: r.run_eval_suite(w.org, "tiny", principal=w.outsider),
+    ),
+    # governance (issue 18): the tenant's administration
+    UseCase.CONNECTORS_LIST: (
+        "outsider",
+        lambda r, w: r.governance.list_connectors(w.org, principal=w.outsider),
+    ),
+    UseCase.CONNECTORS_INSTALL: (
+        "member",
+        lambda r, w: r.governance.install_connector(w.org, "crm", principal=w.member),
+    ),
+    UseCase.CONNECTORS_CHECK: (
+        "member",
+        lambda r, w: r.governance.check_connector(w.org, "crm", principal=w.member),
+    ),
+    UseCase.GRANTS_LIST: (
+        "member",
+        lambda r, w: r.governance.list_grants(w.org, principal=w.member),
+    ),
+    UseCase.GRANTS_CREATE: (
+        "member",
+        lambda r, w: r.governance.create_grant(
+            w.org, GrantRequest(principal_id="ada", connector="crm"), principal=w.member
+        ),
+    ),
+    UseCase.GRANTS_REVOKE: (
+        "member",
+        lambda r, w: r.governance.revoke_grant(w.org, uuid.uuid4(), principal=w.member),
+    ),
+    UseCase.AUDIT_READ: ("member", lambda r, w: r.governance.audit(w.org, principal=w.member)),
+    UseCase.APPROVALS_LIST: (
+        "outsider",
+        lambda r, w: r.governance.list_approvals(w.org, principal=w.outsider),
+    ),
+    UseCase.APPROVALS_DECIDE: (
+        "outsider",
+        lambda r, w: r.governance.decide_approval(
+            w.org, uuid.uuid4(), approve=True, principal=w.outsider
+        ),
+    ),
+    UseCase.SECRETS_LIST: (
+        "member",
+        lambda r, w: r.governance.list_secrets(w.org, principal=w.member),
+    ),
+    UseCase.SECRETS_PUT: (
+        "member",
+        lambda r, w: r.governance.put_secret(w.org, "k", "v", principal=w.member),
+    ),
+    UseCase.SECRETS_DELETE: (
+        "member",
+        lambda r, w: r.governance.delete_secret(w.org, "k", principal=w.member),
+    ),
+    UseCase.SCHEDULES_LIST: (
+        "outsider",
+        lambda r, w: r.governance.list_schedules(w.org, principal=w.outsider),
+    ),
+    UseCase.SCHEDULES_CREATE: (
+        "outsider",
+        lambda r, w: r.governance.create_schedule(
+            w.org, w.worker, "g", interval_s=60, principal=w.outsider
+        ),
+    ),
+    UseCase.SCHEDULES_CHANGE: (
+        "outsider",
+        lambda r, w: r.governance.change_schedule(
+            w.org, uuid.uuid4(), "cancel", principal=w.outsider
+        ),
+    ),
+    UseCase.TASKS_LABEL: (
+        "outsider",
+        lambda r, w: r.governance.label_run(
+            w.org, w.run_id, RunLabel.ACCEPTED, principal=w.outsider
+        ),
     ),
 }
 

@@ -14,9 +14,16 @@ case's own rule; the runtime writes the audit row of each decision.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum, StrEnum
+from enum import Enum
 
-from cortex_ray._types import ActionType, Agent, AgentMode, Principal, PrincipalKind
+from cortex_ray._types import (
+    ActionType,
+    Agent,
+    AgentMode,
+    CapabilityTier,
+    Principal,
+    PrincipalKind,
+)
 
 __all__ = [
     "AccessControlService",
@@ -79,12 +86,8 @@ class AccessControlService:
         return caller
 
 
-class Tier(StrEnum):
-    """The capability a use case needs: reading, changing, or administering the tenant."""
-
-    READ = "read"
-    WRITE = "write"
-    ADMIN = "admin"
+Tier = CapabilityTier
+"""The capability a use case needs: the same tiers as a tool's (``CapabilityTier``)."""
 
 
 class UseCase(Enum):
@@ -124,6 +127,29 @@ class UseCase(Enum):
     EVALS_READ = ("evals.read", ActionType.RETRIEVAL, Tier.READ, False)
     EVALS_WRITE = ("evals.write", ActionType.GROUNDING, Tier.WRITE, True)
     EVALS_RUN = ("evals.run", ActionType.GROUNDING, Tier.WRITE, True)
+    # Governance (issue 18): connectors, grants and the governed audit log. Who may reach
+    # which system is the tenant's administration; reading the audit log too.
+    CONNECTORS_LIST = ("connectors.list", ActionType.RETRIEVAL, Tier.READ, False)
+    CONNECTORS_INSTALL = ("connectors.install", ActionType.GROUNDING, Tier.ADMIN, True)
+    CONNECTORS_CHECK = ("connectors.check", ActionType.GROUNDING, Tier.ADMIN, True)
+    GRANTS_LIST = ("grants.list", ActionType.RETRIEVAL, Tier.ADMIN, False)
+    GRANTS_CREATE = ("grants.create", ActionType.GROUNDING, Tier.ADMIN, True)
+    GRANTS_REVOKE = ("grants.revoke", ActionType.GROUNDING, Tier.ADMIN, True)
+    AUDIT_READ = ("audit.read", ActionType.RETRIEVAL, Tier.ADMIN, False)
+    # A person's label of a shadow run (what the acceptance report counts).
+    TASKS_LABEL = ("tasks.label", ActionType.GROUNDING, Tier.WRITE, True)
+    # Approval requests of paused runs: members read them; an admin person decides.
+    APPROVALS_LIST = ("approvals.list", ActionType.RETRIEVAL, Tier.READ, False)
+    APPROVALS_DECIDE = ("approvals.decide", ActionType.GROUNDING, Tier.ADMIN, True)
+    # Secrets: admins set and delete them and see their names; nobody reads a value back.
+    SECRETS_LIST = ("secrets.list", ActionType.RETRIEVAL, Tier.ADMIN, False)
+    SECRETS_PUT = ("secrets.put", ActionType.GROUNDING, Tier.ADMIN, True)
+    SECRETS_DELETE = ("secrets.delete", ActionType.GROUNDING, Tier.ADMIN, True)
+    # Schedules fire autonomous runs: like submitting tasks; changing one is its creator's
+    # or an admin's.
+    SCHEDULES_LIST = ("schedules.list", ActionType.RETRIEVAL, Tier.READ, False)
+    SCHEDULES_CREATE = ("schedules.create", ActionType.GROUNDING, Tier.WRITE, True)
+    SCHEDULES_CHANGE = ("schedules.change", ActionType.GROUNDING, Tier.WRITE, True)
 
     def __init__(self, label: str, category: ActionType, tier: Tier, audit_allowed: bool) -> None:
         self.label = label
@@ -149,6 +175,8 @@ class UseCaseRequest:
     agent: Agent | None = None
     owner_id: str | None = None
     tool_category: ActionType | None = None
+    approvers: tuple[str, ...] = ()
+    """Who may decide an approval request (empty: any admin person)."""
 
 
 def _authorize(
@@ -175,6 +203,21 @@ def _authorize(
         and not principal.is_admin
     ):
         return AccessDecision(False, "only the run's caller or an admin may cancel it")
+    if (
+        use_case is UseCase.SCHEDULES_CHANGE
+        and request.owner_id != principal.id
+        and not principal.is_admin
+    ):
+        return AccessDecision(False, "only the schedule's creator or an admin may change it")
+    if use_case is UseCase.TASKS_LABEL and principal.kind is not PrincipalKind.USER:
+        return AccessDecision(False, "only a person labels a run")
+    if use_case is UseCase.APPROVALS_DECIDE:
+        if principal.kind is not PrincipalKind.USER:
+            return AccessDecision(False, "only a person decides an approval request")
+        if request.approvers and principal.id not in request.approvers:
+            return AccessDecision(False, "not one of this request's approvers")
+        if request.owner_id is not None and request.owner_id == principal.id:
+            return AccessDecision(False, "the run's requester may not approve its calls")
     if use_case is UseCase.SESSIONS_MESSAGE and request.owner_id != principal.id:
         return AccessDecision(False, "only the session's own caller may talk in it")
     if use_case is UseCase.MEMORY_SEARCH and not principal.is_admin:

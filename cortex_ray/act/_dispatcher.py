@@ -1,8 +1,12 @@
 """The one invocation gate. Every tool call, chosen by a model or made directly, passes here:
 
-unknown tool? → arguments valid against the schema? → AccessControlService → before-hooks →
-run under a timeout (and cancellation) → bound the output → after-hooks → audit row and a log
-line and a span carrying the action category.
+unknown tool? → arguments valid against the schema? → AccessControlService → the connector
+policy (a connector's tools: installed, granted to every principal the call acts for, within
+the grant's tier and argument constraints, approval) → before-hooks → run under a timeout (and
+cancellation) → redact the connector's sensitive result fields → bound the output →
+after-hooks → audit row (with the decision, the tier, hashes of the arguments and the result,
+the result's source ids and the grants used) and a log line and a span carrying the action
+category.
 
 Failures become an ``Observation`` with status REFUSED / ERROR / TIMEOUT (CANCELLED is
 recorded, then re-raised): nothing a tool does escapes the decision cycle as an exception.
@@ -11,6 +15,7 @@ recorded, then re-raised): nothing a tool does escapes the decision cycle as an 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -37,13 +42,16 @@ from cortex_ray._types import (
     Agent,
     AgentAction,
     AgentMode,
+    CapabilityTier,
     Observation,
     ObservationStatus,
     Principal,
+    RunMode,
     ToolSpec,
 )
 from cortex_ray.access import AccessControlService
 from cortex_ray.act._tools import Tool, ToolContext, ToolRegistry
+from cortex_ray.governance import ConnectorPolicy, Verdict, redact, redact_values
 from cortex_ray.observability import captured, diagnostics, metrics
 from cortex_ray.storage import AuditEntry, Store
 
@@ -68,6 +76,11 @@ class InvocationContext:
     """The call's idempotency key when it is not the run step's (``f"{run_id}:{step_index}"``,
     derived): a turn's round (``f"turn:{turn_id}:{round}"``) or a direct call's
     ``Idempotency-Key``. ``None`` in a run: the step's key is used."""
+    run_mode: RunMode = RunMode.EXECUTE
+    """A dry run simulates, a shadow run proposes, every WRITE or ADMIN call it allows."""
+    approval_id: UUID | None = None
+    """The approved request this call carries out: the policy is evaluated again (a denial
+    still denies), but does not ask for approval a second time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +99,72 @@ class Dispatch:
         )
 
 
+@dataclass(slots=True)
+class _CallFacts:
+    """What the audit row keeps of a call besides its status: the grants that allowed it,
+    the hash and source ids of its (redacted) result, how many fields were redacted."""
+
+    grant_ids: tuple[UUID, ...] = ()
+    result_sha256: str | None = None
+    source_ids: tuple[str, ...] = ()
+    redacted: int = 0
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def args_sha256(args: Any) -> str:
+    """The hash of a call's arguments as the audit row keeps it (canonical JSON)."""
+    return _sha256(json.dumps(args, sort_keys=True, default=str, separators=(",", ":")))
+
+
+def _source_ids(output: Any, limit: int = 100) -> tuple[str, ...]:
+    """The source ids a result carries (``source_id`` keys, ``source_ids`` lists, at any
+    depth up to 4): the evidence the call returned, kept on its audit row."""
+    found: dict[str, None] = {}
+
+    def walk(v: Any, depth: int) -> None:
+        if depth > 4 or len(found) >= limit:
+            return
+        if isinstance(v, dict):
+            for k, item in v.items():
+                if k == "source_id" and isinstance(item, str | int | UUID):
+                    found[str(item)] = None
+                elif k == "source_ids" and isinstance(item, list):
+                    found.update((str(i), None) for i in item[:limit])
+                else:
+                    walk(item, depth + 1)
+        elif isinstance(v, list):
+            for item in v:
+                walk(item, depth + 1)
+
+    walk(output, 0)
+    return tuple(list(found)[:limit])
+
+
+def _decision(status: str, reason: str | None) -> str:
+    """The gate's decision as the audit row records it."""
+    if status == ObservationStatus.OK:
+        return "allowed"
+    if status == ObservationStatus.REFUSED:
+        why = reason or ""
+        if why.startswith("access denied"):
+            return "denied"
+        if why.startswith("approval required"):
+            return "approval_required"
+        if why.startswith("approval rejected") or why.startswith("approval expired"):
+            return "rejected"
+        return "refused"
+    if status == ObservationStatus.CANCELLED:
+        return "cancelled"
+    if status == ObservationStatus.SIMULATED:
+        return "simulated"
+    if status == ObservationStatus.PROPOSED:
+        return "proposed"
+    return "error"
+
+
 class ToolHook(Protocol):
     """Runs around every call. ``before`` may veto by returning a reason; ``after`` may rewrite."""
 
@@ -96,11 +175,15 @@ class ToolHook(Protocol):
     ) -> Observation: ...
 
 
-def _bound(output: Any, limit: int) -> tuple[Any, str, bool]:
-    """JSON-safe output, its text, and whether it was cut to ``limit`` characters."""
-    text = (
+def _text(output: Any) -> str:
+    return (
         output if isinstance(output, str) else json.dumps(output, default=str, ensure_ascii=False)
     )
+
+
+def _bound(output: Any, limit: int, text: str | None = None) -> tuple[Any, str, bool]:
+    """JSON-safe output, its text, and whether it was cut to ``limit`` characters."""
+    text = _text(output) if text is None else text
     if len(text) <= limit:
         return (output if not isinstance(output, str) else text), text, False
     cut = text[: limit - 1] + "…"
@@ -119,8 +202,14 @@ class ToolDispatcher:
         *,
         memory: Any = None,
         hooks: Sequence[ToolHook] = (),
+        governance: ConnectorPolicy | None = None,
+        secrets: Any = None,
     ) -> None:
         self.registry = registry
+        self.secrets = secrets
+        """The organisation secret store tools read credentials from (``ToolContext.secret``)."""
+        self.governance = governance
+        """Decides the calls of connectors' tools; without it every such call is denied."""
         self.access = access
         self.store = store
         self.settings = settings
@@ -162,6 +251,7 @@ class ToolDispatcher:
         transaction as the step's ledger and memory rows)."""
         tool = self.registry.get(tool_name)
         action_type = self.registry.classifier.classify(tool) if tool else ActionType.GROUNDING
+        tier = self.registry.classifier.tier(tool) if tool else CapabilityTier.WRITE
         principal = self.access.principal_for(ctx.agent, ctx.caller, ctx.mode)
         tctx = ToolContext(
             org_id=ctx.agent.org_id,
@@ -173,6 +263,8 @@ class ToolDispatcher:
             step_index=ctx.step_index,
             memory=self.memory,
             call_key=ctx.idempotency_key,
+            secrets=self.secrets,
+            connector=tool.connector if tool else None,
         )
         with tracer.start_as_current_span(
             f"execute_tool {tool_name}",
@@ -181,12 +273,24 @@ class ToolDispatcher:
                 GEN_AI_TOOL_NAME: tool_name,
                 GEN_AI_TOOL_TYPE: "function",
                 "cortex.action_type": action_type.value,
+                "cortex.tier": tier.value,
                 "cortex.mode": ctx.mode.value,
             },
         ) as span:
             started = time.perf_counter()
+            facts = _CallFacts()
             try:
-                observation, reason = await self._run(tctx, tool, tool_name, action_type, args)
+                observation, reason = await self._run(
+                    tctx,
+                    tool,
+                    tool_name,
+                    action_type,
+                    tier,
+                    args,
+                    facts,
+                    ctx.run_mode,
+                    ctx.approval_id,
+                )
             except asyncio.CancelledError:
                 # Record the cancelled call, then let the cancellation go on.
                 log.warning("dispatch tool=%s category=%s cancelled", tool_name, action_type.value)
@@ -195,10 +299,13 @@ class ToolDispatcher:
                     tctx,
                     tool_name,
                     action_type,
+                    tier,
                     args,
                     "CANCELLED",
                     "cancelled",
                     (time.perf_counter() - started) * 1000,
+                    tool.connector if tool else None,
+                    facts,
                 )
                 await asyncio.shield(self._write_audit(audit))
                 raise
@@ -253,19 +360,30 @@ class ToolDispatcher:
             reason=reason,
         )
         log.info(
-            "dispatch tool=%s category=%s status=%s principal=%s run=%s step=%s %.1fms%s",
+            "dispatch tool=%s category=%s tier=%s status=%s principal=%s run=%s step=%s %.1fms%s",
             tool_name,
             action_type.value,
+            tier.value,
             observation.status.value,
             principal.id,
             ctx.run_id,
             ctx.step_index,
             duration_ms,
             f" reason={reason}" if reason else "",
-            extra={"action_type": action_type.value, "tool": tool_name},
+            extra={"action_type": action_type.value, "tier": tier.value, "tool": tool_name},
         )
         audit = self._audit(
-            ctx, tctx, tool_name, action_type, args, observation.status.value, reason, duration_ms
+            ctx,
+            tctx,
+            tool_name,
+            action_type,
+            tier,
+            args,
+            observation.status.value,
+            reason,
+            duration_ms,
+            tool.connector if tool else None,
+            facts,
         )
         return Dispatch(observation, audit)
 
@@ -275,11 +393,15 @@ class ToolDispatcher:
         tctx: ToolContext,
         tool_name: str,
         action_type: ActionType,
+        tier: CapabilityTier,
         args: dict[str, Any],
         status: str,
         reason: str | None,
         duration_ms: float,
+        connector: str | None = None,
+        facts: _CallFacts | None = None,
     ) -> AuditEntry:
+        facts = facts or _CallFacts()
         return AuditEntry(
             org_id=ctx.agent.org_id,
             principal_id=tctx.principal.id,
@@ -295,6 +417,14 @@ class ToolDispatcher:
             step_index=ctx.step_index,
             session_id=ctx.session_id,
             idempotency_key=tctx.idempotency_key,
+            tier=tier,
+            decision=_decision(status, reason),
+            input_sha256=args_sha256(args),
+            result_sha256=facts.result_sha256,
+            source_ids=facts.source_ids,
+            connector=connector,
+            grant_ids=facts.grant_ids,
+            run_mode=None if ctx.run_id is None else ctx.run_mode.value,
         )
 
     def audit_entry(
@@ -317,8 +447,10 @@ class ToolDispatcher:
             step_index=ctx.step_index,
             call_key=ctx.idempotency_key,
         )
+        tool = self.registry.get(action.tool)
+        tier = self.registry.classifier.tier(tool) if tool else CapabilityTier.WRITE
         return self._audit(
-            ctx, tctx, action.tool, action.action_type, action.args, status, reason, 0.0
+            ctx, tctx, action.tool, action.action_type, tier, action.args, status, reason, 0.0
         )
 
     async def _write_audit(self, audit: AuditEntry) -> None:
@@ -331,7 +463,11 @@ class ToolDispatcher:
         tool: Tool | None,
         name: str,
         action_type: ActionType,
+        tier: CapabilityTier,
         args: dict[str, Any],
+        facts: _CallFacts,
+        run_mode: RunMode = RunMode.EXECUTE,
+        approval_id: UUID | None = None,
     ) -> tuple[Observation, str | None]:
         def refuse(reason: str) -> tuple[Observation, str]:
             obs = Observation(
@@ -357,6 +493,42 @@ class ToolDispatcher:
         decision = self.access.decide(ctx.agent, ctx.principal, name, action_type, mode=ctx.mode)
         if not decision.allowed:
             return refuse(f"access denied: {decision.reason}")
+        verdict: Verdict | None = None
+        if tool.connector is not None:
+            # Fail closed: a connector's tool runs only when its policy says so.
+            if self.governance is None:
+                return refuse(f"access denied: no connector policy for {tool.connector!r}")
+            principals = [ctx.agent.principal().id]
+            if ctx.principal.id not in principals:
+                principals.append(ctx.principal.id)  # a conversation: the caller's grant too
+            verdict = await self.governance.check(
+                org_id=ctx.org_id,
+                principal_ids=principals,
+                connector=tool.connector,
+                tool=name,
+                tier=tier,
+                args=args,
+            )
+            facts.grant_ids = verdict.grant_ids
+            if verdict.decision == "deny":
+                return refuse(f"access denied: {verdict.reason}")
+            if (
+                verdict.decision == "approval"
+                and approval_id is None
+                and (run_mode is RunMode.EXECUTE or tier is CapabilityTier.READ)
+            ):
+                return refuse(f"approval required: {verdict.reason}")
+        if run_mode is not RunMode.EXECUTE and tier is not CapabilityTier.READ:
+            # Decided like any call (schema, grants, constraints), then not run: nothing
+            # with a side effect happens in a dry run or a shadow run.
+            if run_mode is RunMode.DRY_RUN:
+                status = ObservationStatus.SIMULATED
+                summary = "dry run: allowed, not executed (would change something)"
+            else:
+                status = ObservationStatus.PROPOSED
+                summary = "shadow run: recorded as a proposal for review, not executed"
+            obs = Observation(tool=name, action_type=action_type, status=status, summary=summary)
+            return obs, None
         for hook in self.hooks:
             veto = await hook.before(ctx, tool, args)
             if veto:
@@ -371,7 +543,8 @@ class ToolDispatcher:
             status, reason = ObservationStatus.TIMEOUT, f"timed out after {timeout:g}s"
         except Exception as exc:  # a tool's failure is an observation, not a crash
             status, reason = ObservationStatus.ERROR, f"{type(exc).__name__}: {exc}"
-            log.debug("tool %s failed", name, exc_info=True)
+            reason = redact_values(reason, ctx.revealed)
+            log.debug("tool %s failed: %s", name, reason)
         if status is not ObservationStatus.OK:
             obs = Observation(
                 tool=name,
@@ -380,7 +553,15 @@ class ToolDispatcher:
                 summary=f"{status.value.lower()}: {reason}",
             )
             return obs, reason
-        bounded, text, truncated = _bound(output, self.settings.tool_output_chars)
+        if verdict is not None and verdict.sensitive_fields:
+            # Before anything keeps or shows it: the step log, the audit hash, the model.
+            output, facts.redacted = redact(output, verdict.sensitive_fields)
+        if ctx.revealed:  # a secret the call read never leaves it
+            output = redact_values(output, ctx.revealed)
+        full = _text(output)
+        facts.result_sha256 = _sha256(full)
+        facts.source_ids = _source_ids(output)
+        bounded, text, truncated = _bound(output, self.settings.tool_output_chars, full)
         obs = Observation(
             tool=name,
             action_type=action_type,
@@ -398,5 +579,9 @@ def _access(status: ObservationStatus, reason: str | None) -> str:
     """The gate's decision as a span reads it: ``denied`` (the grant or policy said no),
     ``refused`` (an unknown tool, invalid arguments, a hook), ``allowed`` (the tool ran)."""
     if status is ObservationStatus.REFUSED:
+        if (reason or "").startswith("approval required"):
+            return "approval"
         return "denied" if (reason or "").startswith("access denied") else "refused"
+    if status in (ObservationStatus.SIMULATED, ObservationStatus.PROPOSED):
+        return status.value.lower()
     return "allowed"

@@ -8,7 +8,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from cortex_ray._types import ActionType, Agent, AgentMode, Principal, ToolSpec, utcnow
+from cortex_ray._types import (
+    ActionType,
+    Agent,
+    AgentMode,
+    CapabilityTier,
+    Principal,
+    ToolSpec,
+    utcnow,
+)
 
 if TYPE_CHECKING:
     from cortex_ray.memory import MemoryService
@@ -32,6 +40,30 @@ class ToolContext:
     call_key: str | None = None
     """The key the caller gave this call (a turn's round, a direct call's
     ``Idempotency-Key``); read :attr:`idempotency_key`, which falls back to the run step's."""
+    secrets: Any = None
+    """The organisation's secret store (``cortex_ray.governance.SecretStore``)."""
+    connector: str | None = None
+    """The connector of the tool called, if any: it may read that connector's secrets."""
+    revealed: list[str] = field(default_factory=list)
+    """The secret values this call read: the gate redacts them from what the call returns."""
+
+    async def secret(self, name: str) -> str:
+        """A credential from the organisation's secret store (a connector's tool reads its
+        connector's secrets and those bound to none). Never return or log it: the gate
+        redacts it from the result and error anyway.
+
+        Raises:
+            NotFoundError: No such secret in the organisation.
+            AccessDeniedError: It belongs to another connector.
+            ConfigurationError: No secret store, or it does not open with the key.
+        """
+        if self.secrets is None:
+            from cortex_ray._exceptions import ConfigurationError
+
+            raise ConfigurationError("this runtime has no secret store")
+        value: str = await self.secrets.reveal(self.org_id, name, connector=self.connector)
+        self.revealed.append(value)
+        return value
 
     @property
     def idempotency_key(self) -> str | None:
@@ -56,7 +88,9 @@ ToolHandler = Callable[[ToolContext, dict[str, Any]], Awaitable[Any]]
 class Tool:
     """A callable action. ``parameters`` is the JSON schema its arguments are validated against.
 
-    ``action_type`` overrides the classifier for this tool; ``None`` lets the classifier decide.
+    ``action_type`` and ``tier`` override the classifier for this tool; ``None`` lets the
+    classifier decide. ``connector`` names the connector the tool belongs to: the gate then
+    also needs a connector grant (``cortex_ray.governance``).
     """
 
     name: str
@@ -68,13 +102,18 @@ class Tool:
     action_type: ActionType | None = None
     timeout_s: float | None = None
     idempotent: bool = False
+    tier: CapabilityTier | None = None
+    connector: str | None = None
 
 
 class ActionClassifier:
-    """Maps tools to CoALA action types: per-tool override, then by name, then GROUNDING.
+    """Maps tools to CoALA action types: per-tool override, then by name, then GROUNDING;
+    and to capability tiers: per-tool override, then by name, then by category (REASONING
+    and RETRIEVAL read; anything else may change something, so WRITE).
 
     REASONING holds no built-in tool: reasoning happens inside the model call that decides.
-    Reading the clock is GROUNDING (it observes the outside world).
+    Reading the clock is GROUNDING (it observes the outside world) and READ (it changes
+    nothing); storing a fact is LEARNING and WRITE.
     """
 
     BUILTIN: Mapping[str, ActionType] = {
@@ -86,8 +125,24 @@ class ActionClassifier:
         "reply": ActionType.GROUNDING,
     }
 
-    def __init__(self, overrides: Mapping[str, ActionType] | None = None) -> None:
+    BUILTIN_TIERS: Mapping[str, CapabilityTier] = {
+        "memory_search": CapabilityTier.READ,
+        "knowledge_search": CapabilityTier.READ,
+        "current_time": CapabilityTier.READ,
+        "remember_fact": CapabilityTier.WRITE,
+        "propose_procedural_edit": CapabilityTier.WRITE,
+        # A reply reaches a person: it changes what they know.
+        "reply": CapabilityTier.WRITE,
+    }
+
+    def __init__(
+        self,
+        overrides: Mapping[str, ActionType] | None = None,
+        *,
+        tiers: Mapping[str, CapabilityTier] | None = None,
+    ) -> None:
         self._by_name = {**self.BUILTIN, **(overrides or {})}
+        self._tiers = {**self.BUILTIN_TIERS, **(tiers or {})}
 
     def classify(self, tool: Tool | str) -> ActionType:
         if isinstance(tool, Tool):
@@ -97,6 +152,19 @@ class ActionClassifier:
         else:
             name = tool
         return self._by_name.get(name, ActionType.GROUNDING)
+
+    def tier(self, tool: Tool | str) -> CapabilityTier:
+        """The tool's capability tier (see the class docstring)."""
+        if isinstance(tool, Tool) and tool.tier is not None:
+            return tool.tier
+        name = tool.name if isinstance(tool, Tool) else tool
+        known = self._tiers.get(name)
+        if known is not None:
+            return known
+        category = self.classify(tool)
+        if category in (ActionType.REASONING, ActionType.RETRIEVAL):
+            return CapabilityTier.READ
+        return CapabilityTier.WRITE
 
 
 class ToolRegistry:
@@ -133,6 +201,7 @@ class ToolRegistry:
             description=tool.description,
             parameters=dict(tool.parameters),
             action_type=self.classifier.classify(tool),
+            tier=self.classifier.tier(tool),
         )
         self._specs[tool.name] = (tool, self.classifier, spec)
         return spec

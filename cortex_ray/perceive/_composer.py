@@ -73,6 +73,13 @@ def _type_text(schema: dict[str, Any]) -> str:
     return str(kind)
 
 
+def _tier_note(tool: Any) -> str:
+    """`` (tier: read)``: what the call may change, so the model (and whoever reads the
+    prompt) knows which calls a dry run or a shadow run would not make."""
+    tier = getattr(tool, "tier", None)
+    return f" (tier: {tier.value})" if tier is not None else ""
+
+
 def _signature(tool: Any) -> str:
     """``- name(a: string, b?: integer): description`` and a line per described parameter."""
     props = tool.parameters.get("properties", {}) if isinstance(tool.parameters, dict) else {}
@@ -97,7 +104,7 @@ def _signature(tool: Any) -> str:
             if len(about) > PARAMETER_CHARS:
                 about = about[: PARAMETER_CHARS - 1] + "…"
             notes.append(f"    {name}: {about}")
-    head = f"- {tool.name}({', '.join(params)}): {tool.description}"
+    head = f"- {tool.name}({', '.join(params)}): {tool.description}{_tier_note(tool)}"
     return "\n".join([head, *notes])
 
 
@@ -141,7 +148,7 @@ def _call_key(tool: str | None, args: dict[str, Any]) -> str:
 
 # A call that ended so is settled: made again with the same arguments it gives the same
 # (an error such as "no published collection 'science'" too); a timeout may not.
-_SETTLED = frozenset({"OK", "ERROR", "REFUSED"})
+_SETTLED = frozenset({"OK", "ERROR", "REFUSED", "SIMULATED", "PROPOSED"})
 
 
 def _settled(obs: Observation) -> bool:
@@ -205,7 +212,7 @@ class PromptComposer:
                 # meanings (a chat model gets them with the tools it is given).
                 lines = "\n".join(_signature(t) for t in tools)
             else:
-                lines = "\n".join(f"- {t.name}: {t.description}" for t in tools)
+                lines = "\n".join(f"- {t.name}: {t.description}{_tier_note(t)}" for t in tools)
             groups.append(f"{category.value} ({_CATEGORY_BLURB[category]}):\n{lines}")
         return "Action space:\n" + "\n".join(groups)
 

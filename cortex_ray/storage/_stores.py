@@ -25,12 +25,14 @@ from cortex_ray._types import (
     AgentAction,
     AgentMode,
     Candidate,
+    CapabilityTier,
     DecisionKind,
     Grant,
     Observation,
     Principal,
     PrincipalKind,
     RunCost,
+    RunMode,
     RunStatus,
     Session,
     SessionStatus,
@@ -134,21 +136,24 @@ def _run(row: dict[str, Any], steps: Sequence[Step] = ()) -> TaskRun:
         trace_parent=row.get("trace_parent"),
         trace_attempt=row.get("trace_attempt"),
         cost=None if row.get("cost") is None else RunCost.model_validate(row["cost"]),
+        run_mode=RunMode(row.get("run_mode") or RunMode.EXECUTE),
     )
 
 
 _INSERT_RUN = """
 INSERT INTO task_runs (org_id, id, agent_id, name, goal, status, max_steps, caller_id,
-                       requested_by, contact_context, created_at, trace_parent)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                       requested_by, contact_context, created_at, trace_parent, run_mode)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 # ``args`` goes as JSON text (see ``_audit_params``).
 _INSERT_AUDIT = """
 INSERT INTO audit_log (org_id, principal_id, agent_id, mode, tool, action_type, status,
                        reason, args, duration_ms, run_id, step_index, session_id,
-                       idempotency_key)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s)
+                       idempotency_key, tier, decision, input_sha256, result_sha256,
+                       source_ids, connector, grant_ids, workflow_id, run_mode)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s,
+        %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 # A run and the audit row of its submission in one statement (the run's parameters first).
@@ -175,6 +180,15 @@ def _audit_params(entry: AuditEntry) -> tuple[Any, ...]:
         entry.step_index,
         entry.session_id,
         entry.idempotency_key,
+        None if entry.tier is None else entry.tier.value,
+        entry.decision,
+        entry.input_sha256,
+        entry.result_sha256,
+        list(entry.source_ids) if entry.source_ids else None,
+        entry.connector,
+        list(entry.grant_ids) if entry.grant_ids else None,
+        entry.workflow_id,
+        entry.run_mode,
     )
 
 
@@ -185,17 +199,26 @@ class AuditEntry:
         "action_type",
         "agent_id",
         "args",
+        "connector",
+        "decision",
         "duration_ms",
+        "grant_ids",
         "idempotency_key",
+        "input_sha256",
         "mode",
         "org_id",
         "principal_id",
         "reason",
+        "result_sha256",
         "run_id",
+        "run_mode",
         "session_id",
+        "source_ids",
         "status",
         "step_index",
+        "tier",
         "tool",
+        "workflow_id",
     )
 
     def __init__(
@@ -215,6 +238,15 @@ class AuditEntry:
         step_index: int | None = None,
         session_id: UUID | None = None,
         idempotency_key: str | None = None,
+        tier: CapabilityTier | None = None,
+        decision: str | None = None,
+        input_sha256: str | None = None,
+        result_sha256: str | None = None,
+        source_ids: tuple[str, ...] = (),
+        connector: str | None = None,
+        grant_ids: tuple[UUID, ...] = (),
+        workflow_id: UUID | None = None,
+        run_mode: str | None = None,
     ) -> None:
         self.org_id = org_id
         self.principal_id = principal_id
@@ -230,6 +262,15 @@ class AuditEntry:
         self.step_index = step_index
         self.session_id = session_id
         self.idempotency_key = idempotency_key
+        self.tier = tier
+        self.decision = decision
+        self.input_sha256 = input_sha256
+        self.result_sha256 = result_sha256
+        self.source_ids = source_ids
+        self.connector = connector
+        self.grant_ids = grant_ids
+        self.workflow_id = workflow_id
+        self.run_mode = run_mode
 
 
 _COST_FIELDS = tuple(
@@ -405,6 +446,7 @@ class Store:
             None if run.contact_context is None else Jsonb(run.contact_context),
             run.created_at,
             run.trace_parent,
+            run.run_mode.value,
         )
         async with self.db.connection() as conn:
             if audit is None:

@@ -1,0 +1,240 @@
+"""Schedules (issue 18, point 6): recurring (cron expression or interval, in a time zone)
+and one-off autonomous tasks, stored in PostgreSQL and fired exactly once per due time.
+
+**Exactly once.** Firing a due schedule creates its run, with an id derived from the
+schedule and the due time (``uuid5``), and moves ``next_run_at`` on only if it still is
+that due time (compare and set), in one transaction, for a batch of due schedules locked
+``FOR UPDATE SKIP LOCKED``: two schedulers (two API replicas) sweeping at once take
+different schedules instead of waiting for each other; and should both reach the same due
+time, the second insert conflicts and makes nothing and its compare and set matches no row.
+A scheduler that dies mid-way rolls back: the schedule stays due for the next sweep.
+
+**Missed runs** (the stack was down over several due times): they coalesce into one run,
+fired at once, and the schedule moves to its first due time after now. A one-off schedule
+missed fires once, late. Each run is capped by the schedule's ``max_steps``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from pydantic import BaseModel, ConfigDict, Field
+
+from cortex_ray._exceptions import InvalidRequestError
+from cortex_ray._types import RunMode, utcnow
+from cortex_ray.storage import Database
+
+__all__ = ["Schedule", "ScheduleStatus", "ScheduleStore", "next_due", "validate_schedule"]
+
+_NAMESPACE = uuid.UUID("5b1c1d0e-7c59-4a77-9a53-6c6f2a3a7a18")
+
+
+class ScheduleStatus:
+    ACTIVE = "ACTIVE"
+    SUSPENDED = "SUSPENDED"
+    CANCELLED = "CANCELLED"
+    DONE = "DONE"
+
+
+class Schedule(BaseModel):
+    """A recurring (``cron`` or ``interval_s``) or one-off (neither: ``next_run_at``) task."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: UUID = Field(default_factory=uuid.uuid4)
+    org_id: str
+    agent_id: UUID
+    name: str = ""
+    goal: str
+    cron: str | None = None
+    interval_s: int | None = None
+    timezone: str = "UTC"
+    next_run_at: datetime | None = None
+    max_steps: int = 8
+    run_mode: RunMode = RunMode.EXECUTE
+    status: str = ScheduleStatus.ACTIVE
+    created_by: str = ""
+    created_at: datetime = Field(default_factory=utcnow)
+    fired: int = 0
+    last_run_id: UUID | None = None
+    last_fired_at: datetime | None = None
+
+
+def _zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidRequestError(f"unknown time zone {name!r}") from None
+
+
+def next_due(schedule: Schedule, after: datetime) -> datetime | None:
+    """The schedule's first due time strictly after ``after`` (``None``: a one-off)."""
+    if schedule.interval_s is not None:
+        assert schedule.next_run_at is not None
+        step = timedelta(seconds=schedule.interval_s)
+        due = schedule.next_run_at
+        if due > after:
+            return due
+        missed = int((after - due) / step) + 1
+        return due + missed * step
+    if schedule.cron is not None:
+        local = after.astimezone(_zone(schedule.timezone))
+        following: datetime = croniter(schedule.cron, local).get_next(datetime)
+        return following.astimezone(UTC)
+    return None
+
+
+def validate_schedule(schedule: Schedule, now: datetime) -> Schedule:
+    """Check what a person gave and fill ``next_run_at``.
+
+    Raises:
+        InvalidRequestError: A bad cron expression or zone, both cron and interval, a
+            one-off without a time (or with one in the past), an empty goal.
+    """
+    if not schedule.goal.strip():
+        raise InvalidRequestError("the goal is empty")
+    _zone(schedule.timezone)
+    if schedule.cron is not None and schedule.interval_s is not None:
+        raise InvalidRequestError("a schedule has a cron expression or an interval, not both")
+    if schedule.cron is not None:
+        if not croniter.is_valid(schedule.cron):
+            raise InvalidRequestError(f"invalid cron expression {schedule.cron!r}")
+        first = next_due(schedule, now)
+        return schedule.model_copy(update={"next_run_at": first})
+    if schedule.interval_s is not None:
+        if schedule.interval_s < 1:
+            raise InvalidRequestError("interval_s must be at least 1")
+        return schedule.model_copy(update={"next_run_at": schedule.next_run_at or now})
+    if schedule.next_run_at is None:
+        raise InvalidRequestError("a one-off schedule needs its time (run_at)")
+    if schedule.next_run_at.tzinfo is None:
+        raise InvalidRequestError("run_at needs a time zone")
+    if schedule.next_run_at < now - timedelta(minutes=1):
+        raise InvalidRequestError("run_at is in the past")
+    return schedule
+
+
+def run_id_for(schedule_id: UUID, due: datetime) -> UUID:
+    """The id of the run a schedule fires for a due time: the same in every scheduler."""
+    return uuid.uuid5(_NAMESPACE, f"{schedule_id}:{due.astimezone(UTC).isoformat()}")
+
+
+class ScheduleStore:
+    """SQL of ``schedules``; every statement filters by organisation except the sweep for
+    due schedules (the scheduler's, across organisations, like the orphaned-run sweep)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def create(self, schedule: Schedule) -> Schedule:
+        s = schedule
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                """
+                INSERT INTO schedules (org_id, id, agent_id, name, goal, cron, interval_s,
+                    timezone, next_run_at, max_steps, run_mode, status, created_by, created_at)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                """,
+                (
+                    s.org_id, s.id, s.agent_id, s.name, s.goal, s.cron, s.interval_s,
+                    s.timezone, s.next_run_at, s.max_steps, s.run_mode.value, s.status,
+                    s.created_by, s.created_at,
+                ),
+            )  # fmt: skip
+        return schedule
+
+    async def in_org(self, org_id: str) -> list[Schedule]:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM schedules WHERE org_id = %s ORDER BY created_at, id", (org_id,)
+            )
+            return [Schedule.model_validate(r) for r in await cur.fetchall()]
+
+    async def get(self, org_id: str, schedule_id: UUID) -> Schedule | None:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM schedules WHERE org_id = %s AND id = %s", (org_id, schedule_id)
+            )
+            row = await cur.fetchone()
+        return None if row is None else Schedule.model_validate(row)
+
+    async def set_status(
+        self, org_id: str, schedule_id: UUID, status: str, *, next_run_at: Any = None
+    ) -> Schedule | None:
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                UPDATE schedules SET status = %s, next_run_at = coalesce(%s, next_run_at)
+                WHERE org_id = %s AND id = %s RETURNING *
+                """,
+                (status, next_run_at, org_id, schedule_id),
+            )
+            row = await cur.fetchone()
+        return None if row is None else Schedule.model_validate(row)
+
+    async def fire_due(self, now: datetime, limit: int = 200) -> list[tuple[str, UUID]]:
+        """Fire up to ``limit`` due schedules in one transaction (see the module docstring):
+        the (organisation, run id) of each run made. The due rows are locked ``SKIP
+        LOCKED``, so schedulers sweeping at once share the work instead of waiting; the
+        derived run ids and the compare and set keep it exactly once regardless."""
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                SELECT * FROM schedules WHERE status = 'ACTIVE' AND next_run_at <= %s
+                ORDER BY next_run_at LIMIT %s FOR UPDATE SKIP LOCKED
+                """,
+                (now, limit),
+            )
+            due = [Schedule.model_validate(r) for r in await cur.fetchall()]
+            if not due:
+                return []
+            fired_at = utcnow()  # when the runs are made, not when the sweep began
+            nexts = [next_due(s, max(now, s.next_run_at or now)) for s in due]
+            run_ids = [run_id_for(s.id, s.next_run_at or now) for s in due]
+            cur = await conn.execute(
+                """
+                INSERT INTO task_runs (org_id, id, agent_id, name, goal, status, max_steps,
+                                       requested_by, created_at, run_mode)
+                SELECT o, i, a, n, g, 'RUNNING', m, r, %s, rm
+                FROM unnest(%s::text[], %s::uuid[], %s::uuid[], %s::text[], %s::text[],
+                            %s::int[], %s::text[], %s::text[]) AS u(o, i, a, n, g, m, r, rm)
+                ON CONFLICT (org_id, id) DO NOTHING
+                RETURNING org_id, id
+                """,
+                (
+                    fired_at,
+                    [s.org_id for s in due],
+                    run_ids,
+                    [s.agent_id for s in due],
+                    [s.name or f"schedule {s.id}" for s in due],
+                    [s.goal for s in due],
+                    [s.max_steps for s in due],
+                    [f"schedule:{s.id}" for s in due],
+                    [s.run_mode.value for s in due],
+                ),
+            )
+            made = [(r["org_id"], r["id"]) for r in await cur.fetchall()]
+            await conn.execute(
+                """
+                UPDATE schedules s SET next_run_at = u.nxt, last_fired_at = %s,
+                    last_run_id = u.run, fired = s.fired + 1,
+                    status = CASE WHEN u.nxt IS NULL THEN 'DONE' ELSE s.status END
+                FROM unnest(%s::text[], %s::uuid[], %s::timestamptz[], %s::timestamptz[],
+                            %s::uuid[]) AS u(o, i, due, nxt, run)
+                WHERE s.org_id = u.o AND s.id = u.i AND s.next_run_at = u.due
+                """,
+                (
+                    fired_at,
+                    [s.org_id for s in due],
+                    [s.id for s in due],
+                    [s.next_run_at for s in due],
+                    nexts,
+                    run_ids,
+                ),
+            )
+        return made

@@ -1,0 +1,174 @@
+"""Per-organisation secrets (issue 18, point 7): connector credentials, encrypted at rest.
+
+Each value is sealed with AES-256-GCM under one key from the environment
+(``CORTEX_SECRET_KEY``) or a file (``CORTEX_SECRET_KEY_FILE``, default
+``<data_dir>/secret.key``, made with mode 0600 on first use); the organisation and the
+secret's name are the associated data, so a ciphertext copied to another organisation's
+row, or another name, does not open. Values leave the store only into a tool's handler
+(``ToolContext.secret``), and only for a tool of the secret's connector when it names one;
+the API lists names, never values, and the gate redacts any value a call read from what the
+call returns before it is kept or shown (audit, step log, model, diagnostics).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from cortex_ray._exceptions import (
+    AccessDeniedError,
+    ConfigurationError,
+    InvalidRequestError,
+    NotFoundError,
+)
+from cortex_ray._settings import Settings
+from cortex_ray._types import utcnow
+from cortex_ray.storage import Database
+
+__all__ = ["SecretInfo", "SecretStore", "load_secret_key"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")
+MAX_SECRET_BYTES = 16_384
+
+
+def load_secret_key(settings: Settings) -> bytes:
+    """The 32-byte key: ``secret_key``, else ``secret_key_file``, else ``data_dir/secret.key``
+    (made on first use).
+
+    Raises:
+        ConfigurationError: A key that is not 32 bytes of urlsafe base64.
+    """
+    if settings.secret_key is not None:
+        text = settings.secret_key.get_secret_value()
+        where = "CORTEX_SECRET_KEY"
+    else:
+        path = settings.secret_key_file or Path(settings.data_dir) / "secret.key"
+        where = str(path)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(base64.urlsafe_b64encode(AESGCM.generate_key(bit_length=256)).decode())
+        text = path.read_text().strip()
+    try:
+        key = base64.urlsafe_b64decode(text.encode())
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) != 32:
+        raise ConfigurationError(f"the secret key ({where}) must be 32 bytes, urlsafe base64")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class SecretInfo:
+    """A secret as anyone but a tool sees it: its name and who set it when, no value."""
+
+    name: str
+    connector: str | None
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class SecretStore:
+    """Sealed per-organisation secrets (see the module docstring)."""
+
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db = db
+        self._settings = settings
+        self._aead: AESGCM | None = None
+
+    def _cipher(self) -> AESGCM:
+        if self._aead is None:  # the key is read when a secret is first used
+            self._aead = AESGCM(load_secret_key(self._settings))
+        return self._aead
+
+    @staticmethod
+    def _aad(org_id: str, name: str) -> bytes:
+        return f"cortex-ray secret\x00{org_id}\x00{name}".encode()
+
+    async def put(
+        self, org_id: str, name: str, value: str, *, connector: str | None, by: str
+    ) -> SecretInfo:
+        if not _NAME.match(name):
+            raise InvalidRequestError(
+                "a secret's name is a letter or '_' then up to 99 letters, digits, '_', '.', '-'"
+            )
+        data = value.encode()
+        if not data or len(data) > MAX_SECRET_BYTES:
+            raise InvalidRequestError(f"a secret's value is 1 to {MAX_SECRET_BYTES} bytes")
+        nonce = os.urandom(12)
+        sealed = self._cipher().encrypt(nonce, data, self._aad(org_id, name))
+        now = utcnow()
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                INSERT INTO org_secrets (org_id, name, connector, nonce, ciphertext,
+                                         created_by, created_at, updated_at)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+                ON CONFLICT (org_id, name) DO UPDATE SET connector = EXCLUDED.connector,
+                    nonce = EXCLUDED.nonce, ciphertext = EXCLUDED.ciphertext,
+                    created_by = EXCLUDED.created_by, updated_at = EXCLUDED.updated_at
+                RETURNING name, connector, created_by, created_at, updated_at
+                """,
+                (org_id, name, connector, nonce, sealed, by, now, now),
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return SecretInfo(**row)
+
+    async def list(self, org_id: str) -> list[SecretInfo]:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT name, connector, created_by, created_at, updated_at FROM org_secrets
+                WHERE org_id = %s ORDER BY name
+                """,
+                (org_id,),
+            )
+            return [SecretInfo(**r) for r in await cur.fetchall()]
+
+    async def delete(self, org_id: str, name: str) -> None:
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                "DELETE FROM org_secrets WHERE org_id = %s AND name = %s RETURNING name",
+                (org_id, name),
+            )
+            if await cur.fetchone() is None:
+                raise NotFoundError(f"no secret {name!r} in this organisation")
+
+    async def reveal(self, org_id: str, name: str, *, connector: str | None) -> str:
+        """The clear value, for a tool's handler only (``ToolContext.secret``).
+
+        Raises:
+            NotFoundError: No such secret in the organisation.
+            AccessDeniedError: The secret belongs to another connector than the tool's.
+        """
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT connector, nonce, ciphertext FROM org_secrets "
+                "WHERE org_id = %s AND name = %s",
+                (org_id, name),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFoundError(f"no secret {name!r} in this organisation")
+        if row["connector"] is not None and row["connector"] != connector:
+            raise AccessDeniedError(f"secret {name!r} belongs to connector {row['connector']!r}")
+        try:
+            data = self._cipher().decrypt(
+                bytes(row["nonce"]), bytes(row["ciphertext"]), self._aad(org_id, name)
+            )
+        except InvalidTag:
+            raise ConfigurationError(
+                f"secret {name!r} does not open with this key (was the key changed?)"
+            ) from None
+        return data.decode()

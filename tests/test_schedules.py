@@ -1,0 +1,224 @@
+"""Schedules (issue 18, point 6): stored in PostgreSQL, fired once per due time even by two
+schedulers at once, missed runs coalesced into one, suspended, resumed and cancelled by
+their creator or an admin, nothing across organisations."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from cortex_ray import (
+    AccessDeniedError,
+    AgentMode,
+    ConflictError,
+    Grant,
+    InvalidRequestError,
+    Principal,
+    RunMode,
+    Runtime,
+    Settings,
+)
+from cortex_ray.governance import ScheduleStatus
+from cortex_ray.governance._schedules import next_due, run_id_for
+from cortex_ray.memory import HeuristicImportanceScorer
+from cortex_ray.models import HashEmbedder
+from cortex_ray.storage import Database
+
+
+async def open_runtime(db: Database, settings: Settings) -> Runtime:
+    return await Runtime.open(
+        settings.model_copy(update={"embedding_backend": "hash"}),
+        model=None,
+        embedder=HashEmbedder(384),
+        importance=HeuristicImportanceScorer(),
+        db=db,
+    )
+
+
+@pytest.fixture
+async def runtime(db: Database, settings: Settings) -> AsyncIterator[Runtime]:
+    rt = await open_runtime(db, settings)
+    yield rt
+    await rt.close(close_db=False)
+
+
+async def agent(runtime: Runtime, org: str) -> str:
+    await runtime.store.ensure_org(org)
+    made = await runtime.create_agent(
+        org, "nightly", mode=AgentMode.AUTONOMOUS, tools=["current_time"],
+        grant=Grant(tools=frozenset({"current_time"})),
+    )  # fmt: skip
+    return made.name
+
+
+async def test_two_schedulers_fire_each_due_time_exactly_once(
+    db: Database, settings: Settings, org: str
+) -> None:
+    first, second = await open_runtime(db, settings), await open_runtime(db, settings)
+    try:
+        name = await agent(first, org)
+        start = datetime.now(UTC) - timedelta(seconds=1)
+        made = await first.governance.create_schedule(
+            org, name, "check the clock", interval_s=60, run_at=start, max_steps=2
+        )
+        assert made.next_run_at == start
+        fired = await asyncio.gather(
+            *(rt.governance.fire_due_schedules() for rt in (first, second, first, second))
+        )
+        runs = [r for batch in fired for r in batch if r[0] == org]
+        assert runs == [(org, run_id_for(made.id, start))]  # one run, by one of them
+        [after] = await first.governance.list_schedules(org)
+        assert after.fired == 1 and after.next_run_at == start + timedelta(seconds=60)
+        run = await first.get_run(org, runs[0][1])
+        assert run.max_steps == 2 and run.requested_by == f"schedule:{made.id}"
+        # Not due again until the next minute: another sweep makes nothing.
+        assert [r for r in await second.governance.fire_due_schedules() if r[0] == org] == []
+    finally:
+        await first.close(close_db=False)
+        await second.close(close_db=False)
+
+
+async def test_missed_runs_coalesce_into_one(runtime: Runtime, org: str) -> None:
+    name = await agent(runtime, org)
+    long_ago = datetime.now(UTC) - timedelta(minutes=10, seconds=30)
+    made = await runtime.governance.create_schedule(
+        org, name, "g", interval_s=60, run_at=long_ago, run_mode=RunMode.SHADOW
+    )
+    fired = [r for r in await runtime.governance.fire_due_schedules() if r[0] == org]
+    assert len(fired) == 1
+    [after] = await runtime.governance.list_schedules(org)
+    assert after.next_run_at is not None and after.next_run_at > datetime.now(UTC)
+    assert (after.next_run_at - long_ago).total_seconds() % 60 == 0  # on the grid
+    assert (await runtime.get_run(org, fired[0][1])).run_mode is RunMode.SHADOW
+    assert made.id == after.id
+
+
+async def test_a_one_off_fires_once_and_is_done(runtime: Runtime, org: str) -> None:
+    name = await agent(runtime, org)
+    at = datetime.now(UTC) + timedelta(milliseconds=1)
+    await runtime.governance.create_schedule(org, name, "g", run_at=at)
+    await asyncio.sleep(0.01)
+    assert len([r for r in await runtime.governance.fire_due_schedules() if r[0] == org]) == 1
+    [done] = await runtime.governance.list_schedules(org)
+    assert done.status == ScheduleStatus.DONE and done.next_run_at is None
+    assert [r for r in await runtime.governance.fire_due_schedules() if r[0] == org] == []
+
+
+def test_cron_in_a_time_zone() -> None:
+    from cortex_ray.governance import Schedule
+
+    s = Schedule(
+        org_id="o", agent_id=uuid.uuid4(), goal="g", cron="0 9 * * *", timezone="Europe/Paris"
+    )
+    winter = next_due(s, datetime(2026, 12, 2, 12, 0, tzinfo=UTC))
+    assert winter == datetime(2026, 12, 3, 8, 0, tzinfo=UTC)  # 09:00 CET
+    summer = next_due(s, datetime(2026, 7, 1, 12, 0, tzinfo=UTC))
+    assert summer == datetime(2026, 7, 2, 7, 0, tzinfo=UTC)  # 09:00 CEST
+
+
+async def test_bad_schedules_are_refused_with_the_reason(runtime: Runtime, org: str) -> None:
+    name = await agent(runtime, org)
+    g = runtime.governance
+    for kwargs, why in [
+        ({"cron": "61 * * * *"}, "invalid cron expression"),
+        ({"cron": "* * * * *", "interval_s": 5}, "not both"),
+        ({"cron": "* * * * *", "timezone": "Mars/Base"}, "unknown time zone"),
+        ({}, "needs its time"),
+        ({"run_at": datetime.now(UTC) - timedelta(hours=1)}, "in the past"),
+        ({"interval_s": 60, "max_steps": 0}, "max_steps"),
+    ]:
+        with pytest.raises(InvalidRequestError, match=why):
+            await g.create_schedule(org, name, "g", **kwargs)
+    await runtime.create_agent(org, "chatty")
+    with pytest.raises(InvalidRequestError, match="not AUTONOMOUS"):
+        await g.create_schedule(org, "chatty", "g", interval_s=60)
+    assert await g.list_schedules(org) == []
+
+
+async def test_suspend_resume_cancel_and_who_may(runtime: Runtime, org: str) -> None:
+    name = await agent(runtime, org)
+    bob = Principal(id="bob", org_id=org)
+    carol = Principal(id="carol", org_id=org)
+    outsider = Principal(id="eve", org_id=f"{org}-x", is_admin=True)
+    made = await runtime.governance.create_schedule(
+        org, name, "g", cron="*/5 * * * *", principal=bob
+    )
+    g = runtime.governance
+    with pytest.raises(AccessDeniedError, match="creator or an admin"):
+        await g.change_schedule(org, made.id, "suspend", principal=carol)
+    with pytest.raises(AccessDeniedError):
+        await g.change_schedule(org, made.id, "suspend", principal=outsider)
+    assert (await g.change_schedule(org, made.id, "suspend", principal=bob)).status == "SUSPENDED"
+    # A suspended schedule does not fire, even when due.
+    async with runtime.db.transaction() as conn:
+        await conn.execute(
+            "UPDATE schedules SET next_run_at = now() - interval '1 minute' WHERE id = %s",
+            (made.id,),
+        )
+    assert [r for r in await g.fire_due_schedules() if r[0] == org] == []
+    assert (await g.change_schedule(org, made.id, "resume")).status == "ACTIVE"
+    assert len([r for r in await g.fire_due_schedules() if r[0] == org]) == 1
+    with pytest.raises(ConflictError, match="not SUSPENDED"):
+        await g.change_schedule(org, made.id, "resume")
+    assert (await g.change_schedule(org, made.id, "cancel")).status == "CANCELLED"
+    with pytest.raises(ConflictError, match="CANCELLED"):
+        await g.change_schedule(org, made.id, "suspend")
+    with pytest.raises(InvalidRequestError):
+        await g.change_schedule(org, made.id, "explode")
+    assert await g.list_schedules(f"{org}-x", principal=outsider) == []
+
+
+async def test_schedules_over_http(runtime: Runtime, org: str) -> None:
+    import httpx2
+
+    from cortex_ray import InProcessExecutor
+    from serve import create_app
+
+    name = await agent(runtime, org)
+    keys = [
+        await runtime.create_api_key(o, who, admin=False, grant=["*"])
+        for o, who in ((org, "bob"), (org, "carol"), (f"{org}-x", "eve"))
+    ]
+    bob, carol, eve = ({"Authorization": f"Bearer {k.key}"} for k in keys)
+    executor = InProcessExecutor(runtime)
+    base = f"/api/orgs/{org}"
+    try:
+        transport = httpx2.ASGITransport(app=create_app(runtime, executor))
+        async with httpx2.AsyncClient(transport=transport, base_url="http://api") as http:
+            body = {"agentId": name, "goal": "check", "cron": "0 * * * *", "timezone": "UTC"}
+            for bad, status, why in [
+                ({**body, "cron": "nope"}, 422, "invalid cron expression"),
+                ({**body, "runMode": "yolo"}, 422, "runMode"),
+                ({**body, "agentId": "ghost"}, 404, "ghost"),
+                ({**body, "maxSteps": 0}, 422, "maxSteps"),
+            ]:
+                r = await http.post(f"{base}/schedules", headers=bob, json=bad)
+                assert r.status_code == status and why in r.text, r.text
+            r = await http.post(f"{base}/schedules", headers=bob, json=body)
+            assert r.status_code == 201, r.text
+            made = r.json()
+            assert made["createdBy"] == "bob" and made["nextRunAt"]
+            listed = (await http.get(f"{base}/schedules", headers=carol)).json()["schedules"]
+            assert [s["id"] for s in listed] == [made["id"]]
+            url = f"{base}/schedules/{made['id']}"
+            r = await http.post(f"{url}/suspend", headers=carol)
+            assert r.status_code == 403
+            assert (await http.post(f"{url}/suspend", headers=bob)).json()["status"] == "SUSPENDED"
+            assert (await http.post(f"{url}/explode", headers=bob)).status_code in (404, 422)
+            assert (await http.post(f"{url}/cancel", headers=bob)).json()["status"] == "CANCELLED"
+            r = await http.post(f"{url}/resume", headers=bob)
+            assert r.status_code == 409
+            for method, path in [
+                ("GET", "/schedules"),
+                ("POST", f"/schedules/{made['id']}/cancel"),
+            ]:
+                r = await http.request(method, base + path, headers=eve)
+                assert r.status_code == 404
+            r = await http.post(f"/api/orgs/{org}-x/schedules/{made['id']}/cancel", headers=eve)
+            assert r.status_code == 404
+    finally:
+        await executor.aclose()
