@@ -1,0 +1,45 @@
+"""The context graph: entities and relationship assertions with provenance (source, version,
+evidence span, extractor, confidence) and two time axes, recorded in PostgreSQL; graph
+search within budgets; a projection into Neo4j fed from an outbox (docs/graph.md).
+
+Every name another package needs is here: the ingestion job (``GraphWriter``), the runtime
+(``GraphStore``, the ``graph_search`` tool) and the projection job (``Projector``). The
+modules behind it are private.
+"""
+
+from cortex_ray.graph._extract import (
+    EXTRACTOR_VERSION,
+    Mention,
+    extract_mentions,
+    facts_from_mentions,
+)
+from cortex_ray.graph._store import GraphStore, Reader
+from cortex_ray.graph._types import (
+    Entity,
+    Evidence,
+    ExtractionRun,
+    Fact,
+    GraphResult,
+    SubmitReport,
+    Triple,
+)
+from cortex_ray.graph._writer import DETERMINISTIC, GraphWriter, SourceExtraction
+
+__all__ = [
+    "DETERMINISTIC",
+    "EXTRACTOR_VERSION",
+    "Entity",
+    "Evidence",
+    "ExtractionRun",
+    "Fact",
+    "GraphResult",
+    "GraphStore",
+    "GraphWriter",
+    "Mention",
+    "Reader",
+    "SourceExtraction",
+    "SubmitReport",
+    "Triple",
+    "extract_mentions",
+    "facts_from_mentions",
+]
