@@ -332,6 +332,11 @@ class IngestJobOptions(BaseModel):
     backfill_num_gpus: float = Field(
         default=0.0, ge=0, description="GPUs the backfill's embedding actor reserves"
     )
+    graph: bool = Field(
+        default=True,
+        description="extract the context graph's facts from each written version "
+        "(the deterministic extractor; docs/graph.md)",
+    )
 
 
 class DiagnosticsOptions(BaseModel):

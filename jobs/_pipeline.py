@@ -10,6 +10,9 @@ Shape (one streaming Dataset, executed by Ray Data's streaming executor)::
     SectionWriter (actor pool)     embeds section summaries (MiniLM) and writes the sections
       │                            with their vectors; passes the other rows through
       ▼
+    GraphExtractor (actor pool)    for each file row of a written version: the deterministic
+      │                            extractor's facts (cortex_ray.graph), "graph" rows out
+      ▼
     driver                         iter_batches → counts, progress bar, then publish
 
 Passages are written where they are produced, by the read task, in batches: the bulk of the
@@ -65,6 +68,7 @@ from jobs._spans import task_tracing
 __all__ = [
     "ROW_SCHEMA",
     "DryRunWriter",
+    "GraphExtractor",
     "IngestOptions",
     "SectionWriter",
     "SourceFilesDatasource",
@@ -94,6 +98,8 @@ ROW_SCHEMA = pa.schema(
         ("byte_start", pa.int64()),
         ("byte_end", pa.int64()),
         ("summary", pa.string()),
+        ("path", pa.string()),  # file rows of written versions: the file read (graph stage)
+        ("assertions", pa.int64()),  # graph rows: the facts written for the file
     ]
 )
 
@@ -142,6 +148,7 @@ class _FileOutcome:
     # ``source`` is the version registered for it when it failed while being split.
     keep_published: bool = False
     source: SourceVersion | None = None
+    written: SourceVersion | None = None  # the version written (the graph stage reads it)
 
     def health(self) -> tuple[HealthEvent, str] | None:
         """The file's health event, or None when it is not a source (unsupported type)."""
@@ -191,6 +198,15 @@ class _Batch:
                 "bytes": f.size,
                 "sections": outcome.sections,
                 "passages": outcome.passages,
+                **(
+                    {
+                        "source_id": str(outcome.written.source_id),
+                        "version": outcome.written.version,
+                        "path": f.path,
+                    }
+                    if outcome.written is not None
+                    else {}
+                ),
             }
         )
         if self.records >= self.options.write_batch:
@@ -365,7 +381,7 @@ def _split_file(
             "failed", "changed while being read", keep_published=True, source=source
         )
     doc.finish(batch)
-    return _FileOutcome("written", "", doc.n_sections, doc.n_passages)
+    return _FileOutcome("written", "", doc.n_sections, doc.n_passages, written=source)
 
 
 class DryRunWriter:
@@ -592,3 +608,51 @@ class SectionWriter:
             self._writer.write_sections(gen, source, sections, vectors[members])
         keep = [i for i, kind in enumerate(kinds) if kind != "section"]
         return batch.take(pa.array(keep, type=pa.int64()))
+
+
+class GraphExtractor:
+    """Ray Data actor UDF: the context graph's deterministic extraction, after a version is
+    written. For each ``file`` row of a written version it reads the file again, checks its
+    content hash against the version's and writes the facts it finds (``GraphWriter``);
+    one ``graph`` row per file reports the outcome and the number of assertions."""
+
+    def __init__(self, dsn: str, org_id: str, run_id: int, traceparent: str | None = None) -> None:
+        from cortex_ray.graph import GraphWriter
+
+        task_tracing(traceparent, dsn)
+        self._writer = GraphWriter(dsn)
+        self._org_id = org_id
+        self._run_id = run_id
+        self._traceparent = traceparent
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        data = batch.to_pydict()
+        todo = [
+            i
+            for i, kind in enumerate(data["kind"])
+            if kind == "file" and data["status"][i] == "written" and data["path"][i]
+        ]
+        if not todo:
+            return batch
+        rows = _Rows()
+        with server_span(
+            "extract graph",
+            self._traceparent,
+            {"cortex.org_id": self._org_id, "cortex.files": len(todo)},
+        ):
+            for i in todo:
+                got = self._writer.extract_source(
+                    self._org_id,
+                    self._run_id,
+                    data["source_id"][i],
+                    data["version"][i],
+                    data["path"][i],
+                )
+                rows.add(
+                    kind="graph",
+                    key=data["key"][i],
+                    status=got.status,
+                    reason=got.detail,
+                    assertions=got.assertions,
+                )
+        return pa.concat_tables([batch, rows.take()])
