@@ -101,6 +101,8 @@ from cortex_ray.evals import (
     decide_settings,
     run_suite,
 )
+from cortex_ray.graph import GraphResult, GraphStore, Reader, SubmitReport, Triple
+from cortex_ray.graph import graph_search_tool as _graph_search_tool
 from cortex_ray.knowledge import Fusion, KnowledgeService, SearchResult, knowledge_search_tool
 from cortex_ray.learn import Learner
 from cortex_ray.memory import (
@@ -204,6 +206,8 @@ class Runtime:
         self.access = AccessControlService()
         # knowledge_search is registered, not built in: an agent gets it by naming it.
         searching = [knowledge_search_tool(knowledge)] if knowledge is not None else []
+        self.graph = GraphStore(db)
+        searching.append(_graph_search_tool(self.graph))  # likewise graph_search
         self.registry = ToolRegistry([*builtin_tools(), *searching, *tools], classifier)
         self.dispatcher = ToolDispatcher(
             self.registry, self.access, self.store, settings, memory=memory, hooks=hooks
@@ -1529,6 +1533,75 @@ class Runtime:
         )  # fmt: skip
         await self._audited(caller, UseCase.KNOWLEDGE_SEARCH, org_id, args=args)
         return result
+
+    # context graph (docs/graph.md) ---------------------------------------------------------
+
+    async def search_graph(
+        self,
+        org_id: str,
+        *,
+        terms: Sequence[str] = (),
+        entity_ids: Sequence[UUID] = (),
+        source_ids: Sequence[UUID] = (),
+        depth: int = 1,
+        max_facts: int = 50,
+        per_entity: int = 10,
+        predicates: Sequence[str] | None = None,
+        valid_at: datetime | None = None,
+        known_at: datetime | None = None,
+        path_to: UUID | None = None,
+        principal: Principal | None = None,
+    ) -> GraphResult:
+        """Seeds (terms, entity ids, the sources of knowledge hits) → entities → neighbours
+        within the budgets, as of ``valid_at`` / ``known_at``; with ``path_to``, a shortest
+        path from the one entity id given to it (``depth`` long at most). Facts whose source
+        the caller may not read are left out before anything is returned. Admins, or callers
+        granted ``graph_search``."""
+        args = {"terms": [t[:100] for t in terms][:10], "depth": depth, "max_facts": max_facts}
+        caller = await self._authorize(principal, UseCase.GRAPH_SEARCH, org_id, args=args)
+        reader = Reader(caller.id, caller.is_admin, valid_at, known_at)
+        if path_to is not None:
+            if len(entity_ids) != 1 or terms or source_ids:
+                raise InvalidRequestError("a path search takes one entity id and path_to")
+            result = await self.graph.path(
+                org_id, reader, entity_ids[0], path_to, max_depth=depth, per_entity=per_entity,
+                predicates=predicates,
+            )  # fmt: skip
+        else:
+            result = await self.graph.search(
+                org_id, reader, terms=terms, entity_ids=entity_ids, source_ids=source_ids,
+                depth=depth, max_facts=max_facts, per_entity=per_entity, predicates=predicates,
+            )  # fmt: skip
+        await self._audited(caller, UseCase.GRAPH_SEARCH, org_id, args=args)
+        return result
+
+    async def submit_triples(
+        self, org_id: str, triples: Sequence[Triple], *, principal: Principal | None = None
+    ) -> SubmitReport:
+        """Record the caller's own facts (one extraction run of method ``user``); a
+        ``functional`` predicate's newer fact closes the older one's validity. Admins, or
+        writers granted ``graph_submit``."""
+        args = {"triples": len(triples)}
+        caller = await self._authorize(principal, UseCase.GRAPH_SUBMIT, org_id, args=args)
+        if not 1 <= len(triples) <= 1000:
+            raise InvalidRequestError("triples: 1 to 1000 per call")
+        report = await self.graph.submit(org_id, triples, principal_id=caller.id)
+        await self._audited(caller, UseCase.GRAPH_SUBMIT, org_id, args=args)
+        return report
+
+    async def set_collection_readers(
+        self,
+        org_id: str,
+        collection: str,
+        principal_ids: Sequence[str],
+        *,
+        principal: Principal | None = None,
+    ) -> None:
+        """Restrict who may read a collection's facts (none listed: every member). Admins."""
+        args = {"collection": collection, "readers": list(principal_ids)[:50]}
+        caller = await self._authorize(principal, UseCase.COLLECTION_READERS, org_id, args=args)
+        await self.graph.set_collection_readers(org_id, collection, principal_ids)
+        await self._audited(caller, UseCase.COLLECTION_READERS, org_id, args=args)
 
     # principals and API keys ------------------------------------------------------------
 

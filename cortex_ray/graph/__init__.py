@@ -14,6 +14,7 @@ from cortex_ray.graph._extract import (
     facts_from_mentions,
 )
 from cortex_ray.graph._store import GraphStore, Reader
+from cortex_ray.graph._tool import graph_search_tool, render_fact
 from cortex_ray.graph._types import (
     Entity,
     Evidence,
@@ -42,4 +43,6 @@ __all__ = [
     "Triple",
     "extract_mentions",
     "facts_from_mentions",
+    "graph_search_tool",
+    "render_fact",
 ]

@@ -19,7 +19,10 @@ __all__ = [
 ]
 
 _Type = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
-_Name = Annotated[str, StringConstraints(min_length=1, max_length=2000, strip_whitespace=True)]
+_Name = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=2000, strip_whitespace=True, pattern=r"^[^\x00]+$"),
+]
 
 
 class _Frozen(BaseModel):
