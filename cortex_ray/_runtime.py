@@ -34,6 +34,7 @@ from uuid import UUID, uuid4
 
 from pydantic import ValidationError
 
+from cortex_ray import graph as _graph
 from cortex_ray._cycle import (
     DecisionCycle,
     StepCallback,
@@ -101,8 +102,6 @@ from cortex_ray.evals import (
     decide_settings,
     run_suite,
 )
-from cortex_ray.graph import GraphResult, GraphStore, Reader, SubmitReport, Triple
-from cortex_ray.graph import graph_search_tool as _graph_search_tool
 from cortex_ray.knowledge import Fusion, KnowledgeService, SearchResult, knowledge_search_tool
 from cortex_ray.learn import Learner
 from cortex_ray.memory import (
@@ -204,10 +203,7 @@ class Runtime:
         self.model = model
         self.knowledge = knowledge
         self.access = AccessControlService()
-        # knowledge_search is registered, not built in: an agent gets it by naming it.
-        searching = [knowledge_search_tool(knowledge)] if knowledge is not None else []
-        self.graph = GraphStore(db)
-        searching.append(_graph_search_tool(self.graph))  # likewise graph_search
+        self.graph, searching = _retrieval_tools(db, knowledge)  # registered, not built in
         self.registry = ToolRegistry([*builtin_tools(), *searching, *tools], classifier)
         self.dispatcher = ToolDispatcher(
             self.registry, self.access, self.store, settings, memory=memory, hooks=hooks
@@ -1551,7 +1547,7 @@ class Runtime:
         known_at: datetime | None = None,
         path_to: UUID | None = None,
         principal: Principal | None = None,
-    ) -> GraphResult:
+    ) -> _graph.GraphResult:
         """Seeds (terms, entity ids, the sources of knowledge hits) → entities → neighbours
         within the budgets, as of ``valid_at`` / ``known_at``; with ``path_to``, a shortest
         path from the one entity id given to it (``depth`` long at most). Facts whose source
@@ -1559,7 +1555,7 @@ class Runtime:
         granted ``graph_search``."""
         args = {"terms": [t[:100] for t in terms][:10], "depth": depth, "max_facts": max_facts}
         caller = await self._authorize(principal, UseCase.GRAPH_SEARCH, org_id, args=args)
-        reader = Reader(caller.id, caller.is_admin, valid_at, known_at)
+        reader = _graph.Reader(caller.id, caller.is_admin, valid_at, known_at)
         if path_to is not None:
             if len(entity_ids) != 1 or terms or source_ids:
                 raise InvalidRequestError("a path search takes one entity id and path_to")
@@ -1576,8 +1572,8 @@ class Runtime:
         return result
 
     async def submit_triples(
-        self, org_id: str, triples: Sequence[Triple], *, principal: Principal | None = None
-    ) -> SubmitReport:
+        self, org_id: str, triples: Sequence[_graph.Triple], *, principal: Principal | None = None
+    ) -> _graph.SubmitReport:
         """Record the caller's own facts (one extraction run of method ``user``); a
         ``functional`` predicate's newer fact closes the older one's validity. Admins, or
         writers granted ``graph_submit``."""
@@ -1679,6 +1675,17 @@ class Runtime:
         if revoked_now:
             await self._audited(caller, UseCase.API_KEYS_REVOKE, org_id, args=args)
         return ApiKeyRevoked(key_id=key_id, revoked_at=revoked_at, revoked_now=revoked_now)
+
+
+def _retrieval_tools(
+    db: Database, knowledge: KnowledgeService | None
+) -> tuple[_graph.GraphStore, list[Tool]]:
+    """The context graph's store, and the RETRIEVAL tools an agent gets by naming them
+    (registered, not built in): ``knowledge_search`` (with a knowledge store) and
+    ``graph_search``."""
+    graph = _graph.GraphStore(db)
+    searching = [knowledge_search_tool(knowledge)] if knowledge is not None else []
+    return graph, [*searching, _graph.graph_search_tool(graph)]
 
 
 def _configured_reranker(settings: Settings) -> Reranker | None:
