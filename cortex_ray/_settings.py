@@ -38,6 +38,7 @@ __all__ = [
     "ApiOptions",
     "DiagnosticsOptions",
     "Fusion",
+    "GraphProjectionOptions",
     "IngestJobOptions",
     "LocalSpans",
     "RetrievalConfig",
@@ -363,6 +364,24 @@ class DiagnosticsOptions(BaseModel):
     )
 
 
+class GraphProjectionOptions(BaseModel):
+    """The context graph's projection into Neo4j (``python -m jobs.graph_project``):
+    ``Settings.graph``, ``CORTEX_GRAPH__<FIELD>`` (docs/graph.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uri: str | None = Field(
+        default=None, description="the Bolt server projected into (bolt://host:7687); unset: none"
+    )
+    user: str = Field(default="neo4j", description="its user")
+    password: str | None = Field(default=None, description="its password")
+    database: str | None = Field(default=None, description="its database; unset: its default")
+    batch: int = Field(default=1000, ge=1, le=50_000, description="outbox rows per transaction")
+    poll_s: float = Field(
+        default=2.0, gt=0, description="how often a following projector reads the outbox"
+    )
+
+
 class LocalSpans(StrEnum):
     """Whether finished spans are also kept in the database (``cortex-ray trace RUN_ID``)."""
 
@@ -640,6 +659,7 @@ class Settings(BaseSettings):
     ingest: IngestJobOptions = Field(default_factory=IngestJobOptions)
     tracing: TracingOptions = Field(default_factory=TracingOptions)
     diagnostics: DiagnosticsOptions = Field(default_factory=DiagnosticsOptions)
+    graph: GraphProjectionOptions = Field(default_factory=GraphProjectionOptions)
 
     @classmethod
     def settings_customise_sources(

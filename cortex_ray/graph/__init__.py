@@ -13,6 +13,7 @@ from cortex_ray.graph._extract import (
     extract_mentions,
     facts_from_mentions,
 )
+from cortex_ray.graph._projection import ProjectionReport, Projector, open_driver
 from cortex_ray.graph._store import GraphStore, Reader
 from cortex_ray.graph._tool import graph_search_tool, render_fact
 from cortex_ray.graph._types import (
@@ -37,6 +38,8 @@ __all__ = [
     "GraphStore",
     "GraphWriter",
     "Mention",
+    "ProjectionReport",
+    "Projector",
     "Reader",
     "SourceExtraction",
     "SubmitReport",
@@ -44,5 +47,6 @@ __all__ = [
     "extract_mentions",
     "facts_from_mentions",
     "graph_search_tool",
+    "open_driver",
     "render_fact",
 ]
