@@ -33,9 +33,7 @@ __all__ = ["main"]
 def main(
     uri: Annotated[str | None, typer.Option(help="Bolt URI (default CORTEX_GRAPH__URI).")] = None,
     user: Annotated[str | None, typer.Option(help="Default CORTEX_GRAPH__USER.")] = None,
-    password: Annotated[
-        str | None, typer.Option(help="Default CORTEX_GRAPH__PASSWORD.")
-    ] = None,
+    password: Annotated[str | None, typer.Option(help="Default CORTEX_GRAPH__PASSWORD.")] = None,
     database: Annotated[str | None, typer.Option(help="Default CORTEX_GRAPH__DATABASE.")] = None,
     database_url: Annotated[
         str | None,
