@@ -1527,8 +1527,58 @@ class Runtime:
             org_id, query, collection=list(collection) if collection else None, k=k,
             fusion=fusion, rerank=rerank,
         )  # fmt: skip
+        result = await self._with_source_warnings(org_id, result)
         await self._audited(caller, UseCase.KNOWLEDGE_SEARCH, org_id, args=args)
         return result
+
+    async def _with_source_warnings(self, org_id: str, result: SearchResult) -> SearchResult:
+        """Hits from unhealthy sources say so (their collection's latest health report)."""
+        async with self.db.connection() as conn:
+            sources = [h.source_id for h in result.hits]
+            warnings = await _graph.source_warnings(conn, org_id, sources)
+        if not warnings:
+            return result
+        hits = [h.model_copy(update={"warning": warnings.get(h.source_id)}) for h in result.hits]
+        return result.model_copy(update={"hits": hits})
+
+    # source health (docs/graph.md, "Source health") -------------------------------------------
+
+    async def set_freshness_policy(
+        self,
+        org_id: str,
+        collection: str,
+        expected_interval_s: float,
+        *,
+        expires_after_s: float | None = None,
+        path: str | None = None,
+        principal: Principal | None = None,
+    ) -> None:
+        """How often a collection's sources (or one source, ``path``) are expected to be
+        updated; a source not read within it is STALE, within ``expires_after_s`` (default
+        four intervals) EXPIRED. Admins."""
+        args = {"collection": collection, "expected_interval_s": expected_interval_s}
+        caller = await self._authorize(principal, UseCase.SOURCES_POLICY, org_id, args=args)
+        await _graph.SourceHealthMonitor(self.db).set_policy(
+            org_id, collection, expected_interval_s, expires_after_s=expires_after_s, path=path
+        )
+        await self._audited(caller, UseCase.SOURCES_POLICY, org_id, args=args)
+
+    async def check_source_health(
+        self, org_id: str, collection: str, *, principal: Principal | None = None
+    ) -> _graph.SourceHealthReport:
+        """Check every source of the collection and persist the report. Admins."""
+        args = {"collection": collection}
+        caller = await self._authorize(principal, UseCase.SOURCES_CHECK, org_id, args=args)
+        report = await _graph.SourceHealthMonitor(self.db).check(org_id, collection)
+        await self._audited(caller, UseCase.SOURCES_CHECK, org_id, args=args)
+        return report
+
+    async def source_health(
+        self, org_id: str, collection: str, *, principal: Principal | None = None
+    ) -> _graph.SourceHealthReport | None:
+        """The collection's latest health report (``None`` before the first check)."""
+        await self._authorize(principal, UseCase.SOURCES_HEALTH, org_id)
+        return await _graph.SourceHealthMonitor(self.db).latest(org_id, collection)
 
     # context graph (docs/graph.md) ---------------------------------------------------------
 

@@ -12,11 +12,15 @@ from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from cortex_ray.graph import Entity, Fact, GraphResult, Triple
+from cortex_ray import NotFoundError
+from cortex_ray.graph import Entity, Fact, GraphResult, SourceHealthReport, Triple
 from serve._app import _ERRORS, MemberDep, OrgPath, StateDep, _member
 from serve._schemas import ApiError
 
 __all__ = ["graph_router"]
+
+
+CollectionPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")]
 
 
 class _Out(BaseModel):
@@ -63,6 +67,7 @@ class FactBody(_Out):
     recorded_at: datetime
     invalidated_at: datetime | None
     source_health: str | None
+    findings: list[str] = Field(description="the source's latest health findings, if unhealthy")
     warning: str | None = Field(description="set when the fact's source is not healthy")
 
     @classmethod
@@ -124,6 +129,42 @@ class ReadersBody(BaseModel):
     principal_ids: list[Annotated[str, Field(pattern=r"^[^\x00]{1,200}$")]] = Field(
         max_length=1000, description="none: every member reads the collection"
     )
+
+
+class FreshnessBody(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    expected_interval_s: float = Field(gt=0, le=10 * 365 * 86400)
+    expires_after_s: float | None = Field(default=None, gt=0, le=100 * 365 * 86400)
+    path: str | None = Field(
+        default=None,
+        pattern=r"^[^\x00]{1,4096}$",
+        description="one source's policy (its registry path); none: the collection's",
+    )
+
+
+class FindingBody(_Out):
+    source_id: UUID
+    path: str
+    kind: str = Field(
+        description="STALE, EXPIRED, DEGRADED, DOWN, PERMISSION_DENIED or UNKNOWN_FRESHNESS"
+    )
+    latest_version: int | None
+    detail: str
+
+
+class HealthReportBody(_Out):
+    id: int
+    collection: str
+    checked_at: datetime
+    sources: int
+    findings: list[FindingBody]
+
+    @classmethod
+    def of(cls, r: SourceHealthReport) -> HealthReportBody:
+        return cls.model_validate(r.model_dump())
 
 
 def graph_router() -> APIRouter:
@@ -231,7 +272,7 @@ def graph_router() -> APIRouter:
         state: StateDep,
         org: OrgPath,
         principal: MemberDep,
-        collection: Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")],
+        collection: CollectionPath,
         body: ReadersBody,
     ) -> None:
         """Restrict who reads a collection's facts to these principals (and admins); an
@@ -239,5 +280,62 @@ def graph_router() -> APIRouter:
         await state.runtime.set_collection_readers(
             org, collection, body.principal_ids, principal=principal
         )
+
+    admins: dict[int | str, dict[str, Any]] = {
+        403: {"model": ApiError, "description": "admins only"}
+    }
+
+    @router.put(
+        "/knowledge/collections/{collection}/freshness",
+        status_code=204,
+        tags=["knowledge"],
+        responses=admins,
+    )
+    async def set_freshness(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        collection: CollectionPath,
+        body: FreshnessBody,
+    ) -> None:
+        """How often the collection's sources (or one, ``path``) should be updated: older
+        than ``expectedIntervalS`` is STALE, than ``expiresAfterS`` (default four intervals)
+        EXPIRED. Admins."""
+        await state.runtime.set_freshness_policy(
+            org,
+            collection,
+            body.expected_interval_s,
+            expires_after_s=body.expires_after_s,
+            path=body.path,
+            principal=principal,
+        )
+
+    @router.post(
+        "/knowledge/collections/{collection}/health",
+        response_model=HealthReportBody,
+        status_code=201,
+        tags=["knowledge"],
+        responses=admins,
+    )
+    async def check_health(
+        state: StateDep, org: OrgPath, principal: MemberDep, collection: CollectionPath
+    ) -> HealthReportBody:
+        """Check every source of the collection now and persist the report. Admins."""
+        report = await state.runtime.check_source_health(org, collection, principal=principal)
+        return HealthReportBody.of(report)
+
+    @router.get(
+        "/knowledge/collections/{collection}/health",
+        response_model=HealthReportBody,
+        tags=["knowledge"],
+    )
+    async def get_health(
+        state: StateDep, org: OrgPath, principal: MemberDep, collection: CollectionPath
+    ) -> HealthReportBody:
+        """The collection's latest health report (404 before its first check)."""
+        report = await state.runtime.source_health(org, collection, principal=principal)
+        if report is None:
+            raise NotFoundError(f"collection {collection!r} has no health report yet")
+        return HealthReportBody.of(report)
 
     return router

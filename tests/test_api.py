@@ -834,6 +834,13 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
             f"{base}/knowledge/collections/handbook/readers",
             {"json": {"principalIds": []}},
         ),
+        "set_freshness": (
+            "PUT",
+            f"{base}/knowledge/collections/handbook/freshness",
+            {"json": {"expectedIntervalS": 3600}},
+        ),
+        "check_health": ("POST", f"{base}/knowledge/collections/handbook/health", {}),
+        "get_health": ("GET", f"{base}/knowledge/collections/handbook/health", {}),
     }
     return {op: (m, url.format(**values), kw) for op, (m, url, kw) in routes.items()}
 

@@ -129,6 +129,10 @@ class UseCase(Enum):
     GRAPH_SEARCH = ("graph.search", ActionType.RETRIEVAL, Tier.READ, True)
     GRAPH_SUBMIT = ("graph.submit", ActionType.LEARNING, Tier.WRITE, True)
     COLLECTION_READERS = ("knowledge.readers", ActionType.GROUNDING, Tier.ADMIN, True)
+    # Source health: freshness policies and checks are the operators'; reports are readable.
+    SOURCES_POLICY = ("knowledge.freshness", ActionType.GROUNDING, Tier.ADMIN, True)
+    SOURCES_CHECK = ("knowledge.health_check", ActionType.GROUNDING, Tier.ADMIN, True)
+    SOURCES_HEALTH = ("knowledge.health", ActionType.RETRIEVAL, Tier.READ, False)
 
     def __init__(self, label: str, category: ActionType, tier: Tier, audit_allowed: bool) -> None:
         self.label = label

@@ -27,6 +27,10 @@ from cortex_ray.graph._types import (
 )
 from cortex_ray.graph._writer import DETERMINISTIC, GraphWriter, SourceExtraction
 
+# Source health lives with the sources (cortex_ray.knowledge); the graph's facts carry it,
+# and the runtime reaches it here with the rest of issue 19.
+from cortex_ray.knowledge import SourceHealthMonitor, SourceHealthReport, source_warnings
+
 __all__ = [
     "DETERMINISTIC",
     "EXTRACTOR_VERSION",
@@ -42,6 +46,8 @@ __all__ = [
     "Projector",
     "Reader",
     "SourceExtraction",
+    "SourceHealthMonitor",
+    "SourceHealthReport",
     "SubmitReport",
     "Triple",
     "extract_mentions",
@@ -49,4 +55,5 @@ __all__ = [
     "graph_search_tool",
     "open_driver",
     "render_fact",
+    "source_warnings",
 ]

@@ -20,6 +20,7 @@ from uuid import UUID
 
 from cortex_ray._exceptions import InvalidRequestError, NotFoundError
 from cortex_ray.graph._types import Entity, Evidence, Fact, GraphResult, SubmitReport, Triple
+from cortex_ray.knowledge import warning_text
 from cortex_ray.storage import Conn, Database
 
 __all__ = ["GraphStore", "Reader"]
@@ -71,13 +72,19 @@ _FACT_COLUMNS = """
     CASE WHEN a.invalidated_at <= coalesce(%(known_at)s, now()) THEN a.valid_to END AS valid_to,
     CASE WHEN a.invalidated_at <= coalesce(%(known_at)s, now()) THEN a.invalidated_at END
         AS invalidated_at,
-    s.collection, s.path, s.health,
+    s.collection, s.path, s.health, fh.kinds AS findings, fh.version AS findings_version,
     se.id AS s_id, se.type AS s_type, se.canonical_name AS s_name, se.recorded_at AS s_at,
     oe.id AS o_id, oe.type AS o_type, oe.canonical_name AS o_name, oe.recorded_at AS o_at
 """
 
 _FACT_JOINS = """
     LEFT JOIN kb_sources s ON s.org_id = a.org_id AND s.id = a.source_id
+    LEFT JOIN LATERAL (
+        SELECT array_agg(f.kind ORDER BY f.kind) AS kinds, max(f.latest_version) AS version
+        FROM kb_source_findings f
+        WHERE f.org_id = a.org_id AND f.source_id = a.source_id
+          AND f.kind <> 'UNKNOWN_FRESHNESS'
+    ) fh ON a.source_id IS NOT NULL
     JOIN graph_entities se ON se.org_id = a.org_id AND se.id = a.subject_id
     JOIN graph_entities oe ON oe.org_id = a.org_id AND oe.id = a.object_id
 """
@@ -435,9 +442,12 @@ def _fact(r: dict[str, Any]) -> Fact:
     else:
         cite = f"submitted by {r['submitted_by']}"
     health = r["health"]
+    findings = tuple(r["findings"] or ())
     warning = None
-    if health in UNHEALTHY:
-        warning = f"source {r['path']} is {health}: this fact may be out of date"
+    if findings:  # the latest health report's findings (cortex_ray.knowledge._health)
+        warning = warning_text(r["path"], findings, r["findings_version"])
+    elif health in UNHEALTHY:  # no report yet: the last health event
+        warning = warning_text(r["path"], [health], r["source_version"])
     return Fact(
         id=r["id"],
         subject=Entity(id=r["s_id"], type=r["s_type"], name=r["s_name"], recorded_at=r["s_at"]),
@@ -458,6 +468,7 @@ def _fact(r: dict[str, Any]) -> Fact:
         recorded_at=r["recorded_at"],
         invalidated_at=r["invalidated_at"],
         source_health=health,
+        findings=findings,
         warning=warning,
     )
 

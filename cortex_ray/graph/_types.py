@@ -73,6 +73,8 @@ class Fact(_Frozen):
     invalidated_at: datetime | None
     source_health: str | None = None
     """The source's last health event (``READ_OK``, ``READ_FAILURE``, ...), if it has one."""
+    findings: tuple[str, ...] = ()
+    """The unhealthy findings of the source's latest health report (``STALE``, ``DOWN``, ...)."""
     warning: str | None = None
     """Set when the source is not healthy: the fact may be out of date."""
 

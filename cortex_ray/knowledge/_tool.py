@@ -8,10 +8,10 @@ from typing import Any
 from cortex_ray._exceptions import AccessDeniedError, InvalidRequestError
 from cortex_ray._types import ActionType
 from cortex_ray.act import Tool, ToolContext
+from cortex_ray.knowledge._health import source_warnings
 from cortex_ray.knowledge._service import KnowledgeService
 
 __all__ = ["knowledge_search_tool"]
-
 _TEXT_CHARS = 700
 
 
@@ -51,6 +51,8 @@ def knowledge_search_tool(
         result = await service.search(
             ctx.org_id, args["query"], collection=scope, k=args.get("k", 5)
         )
+        async with service.db.connection() as conn:  # unhealthy sources: said with each hit
+            warnings = await source_warnings(conn, ctx.org_id, [h.source_id for h in result.hits])
         return {
             **({"note": note} if note else {}),
             "hits": [
@@ -63,6 +65,7 @@ def knowledge_search_tool(
                     "lines": [h.line_start, h.line_end],
                     "bytes": [h.byte_start, h.byte_end],
                     "score": round(h.score, 4),
+                    **({"warning": warnings[h.source_id]} if h.source_id in warnings else {}),
                 }
                 for h in result.hits
             ],

@@ -18,6 +18,9 @@ extraction runs, the projection outbox, and collection readers.
   transaction (``pg_snapshot_xmin``), so a watermark never skips a row that commits late.
 - ``kb_collection_readers``: a collection with rows here is readable only by the principals
   listed (and admins); a collection without rows by every member (as before).
+- Source health: ``kb_freshness_policies`` (a collection's expected update interval, or one
+  source's), ``kb_health_reports`` and their typed ``kb_health_findings`` (with the source's
+  latest version); ``kb_source_findings`` is each collection's latest report's findings.
 
 Revision ID: 0030
 Revises: 0013
@@ -45,6 +48,52 @@ def upgrade() -> None:
             PRIMARY KEY (org_id, collection, principal_id),
             FOREIGN KEY (org_id, collection) REFERENCES kb_collections (org_id, name)
         );
+
+        CREATE TABLE kb_freshness_policies (
+            org_id              text NOT NULL,
+            collection          text NOT NULL,
+            source_id           uuid,
+            expected_interval_s double precision NOT NULL CHECK (expected_interval_s > 0),
+            expires_after_s     double precision
+                CHECK (expires_after_s IS NULL OR expires_after_s >= expected_interval_s),
+            updated_at          timestamptz NOT NULL DEFAULT now(),
+            UNIQUE NULLS NOT DISTINCT (org_id, collection, source_id),
+            FOREIGN KEY (org_id, collection) REFERENCES kb_collections (org_id, name),
+            FOREIGN KEY (org_id, source_id) REFERENCES kb_sources (org_id, id)
+        );
+
+        CREATE TABLE kb_health_reports (
+            org_id     text NOT NULL,
+            id         bigint GENERATED ALWAYS AS IDENTITY,
+            collection text NOT NULL,
+            checked_at timestamptz NOT NULL DEFAULT now(),
+            sources    integer NOT NULL,
+            findings   integer NOT NULL,
+            PRIMARY KEY (org_id, id),
+            FOREIGN KEY (org_id, collection) REFERENCES kb_collections (org_id, name)
+        );
+        CREATE INDEX kb_health_reports_latest ON kb_health_reports (org_id, collection, id DESC);
+
+        CREATE TABLE kb_health_findings (
+            org_id         text NOT NULL,
+            report_id      bigint NOT NULL,
+            source_id      uuid NOT NULL,
+            kind           text NOT NULL CHECK (kind IN ('STALE', 'EXPIRED', 'DEGRADED', 'DOWN',
+                                                        'PERMISSION_DENIED', 'UNKNOWN_FRESHNESS')),
+            latest_version integer,
+            detail         text NOT NULL DEFAULT '',
+            PRIMARY KEY (org_id, report_id, source_id, kind),
+            FOREIGN KEY (org_id, report_id) REFERENCES kb_health_reports (org_id, id)
+                ON DELETE CASCADE,
+            FOREIGN KEY (org_id, source_id) REFERENCES kb_sources (org_id, id)
+        );
+        CREATE INDEX kb_health_findings_source ON kb_health_findings (org_id, source_id);
+
+        CREATE VIEW kb_source_findings AS
+        SELECT f.* FROM kb_health_findings f
+        JOIN (SELECT DISTINCT ON (org_id, collection) org_id, id FROM kb_health_reports
+              ORDER BY org_id, collection, id DESC) latest
+          ON latest.org_id = f.org_id AND latest.id = f.report_id;
 
         CREATE TABLE graph_extraction_runs (
             org_id         text NOT NULL REFERENCES organisations (id),
@@ -332,5 +381,7 @@ def downgrade() -> None:
                    graph_entity_aliases, graph_entities, graph_extraction_runs,
                    kb_collection_readers;
         DROP FUNCTION graph_key(text);
+        DROP VIEW kb_source_findings;
+        DROP TABLE kb_health_findings, kb_health_reports, kb_freshness_policies;
         """
     )
