@@ -46,6 +46,7 @@ def bolt_server(start_timeout_s: float = 120.0) -> Iterator[BoltServer]:
             [sys.executable, __file__, str(root / "db"), str(port), PASSWORD],
             stdin=subprocess.PIPE,
             stdout=out,
+            cwd=root,  # its log/ folder goes there
             stderr=subprocess.STDOUT,
         )
     try:
