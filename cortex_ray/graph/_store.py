@@ -89,29 +89,51 @@ _FACT_JOINS = """
     JOIN graph_entities oe ON oe.org_id = a.org_id AND oe.id = a.object_id
 """
 
-# The facts touching each frontier entity, best first, at most %(per_entity)s each.
+# The best visible facts of one side of an entity (``{side}``: subject_id or object_id),
+# read in the order of its index, so that a hub's facts are not all read and sorted.
+_SIDE = f"""
+    SELECT a.* FROM graph_assertions a
+    LEFT JOIN kb_sources s ON s.org_id = a.org_id AND s.id = a.source_id
+    WHERE a.org_id = %(org)s AND a.{{side}} = f.id
+      AND (%(predicates)s::text[] IS NULL OR a.predicate = ANY(%(predicates)s::text[]))
+      AND {_VISIBLE}
+    ORDER BY a.confidence DESC, a.valid_from DESC, a.id
+    LIMIT %(per_entity)s
+"""
+
+# The facts touching each frontier entity, best first, at most %(per_entity)s each; only
+# the winners are joined to their entities and their sources' health.
 _NEIGHBOURS = f"""
-    SELECT DISTINCT ON (x.id) x.* FROM unnest(%(frontier)s::uuid[]) AS f(id)
-    CROSS JOIN LATERAL (
-        SELECT {_FACT_COLUMNS} FROM graph_assertions a {_FACT_JOINS}
-        WHERE a.org_id = %(org)s AND (a.subject_id = f.id OR a.object_id = f.id)
-          AND (%(predicates)s::text[] IS NULL OR a.predicate = ANY(%(predicates)s::text[]))
-          AND {_VISIBLE}
-        ORDER BY a.confidence DESC, a.valid_from DESC, a.id
-        LIMIT %(per_entity)s
-    ) x
+    SELECT {_FACT_COLUMNS} FROM (
+        SELECT DISTINCT ON (x.id) x.* FROM unnest(%(frontier)s::uuid[]) AS f(id)
+        CROSS JOIN LATERAL (
+            SELECT * FROM (
+                ({_SIDE.format(side="subject_id")})
+                UNION ALL
+                ({_SIDE.format(side="object_id")})
+            ) both_sides
+            ORDER BY confidence DESC, valid_from DESC, id
+            LIMIT %(per_entity)s
+        ) x
+    ) a {_FACT_JOINS}
 """
 
 _SEEDS = f"""
-    SELECT e.id FROM graph_entities e
-    WHERE e.org_id = %(org)s AND e.recorded_at <= coalesce(%(known_at)s, now())
-      AND (e.id = ANY(%(ids)s::uuid[]) OR e.key = ANY(%(keys)s::text[])
-           OR EXISTS (SELECT 1 FROM graph_entity_aliases al
-                      WHERE al.org_id = e.org_id AND al.entity_id = e.id
-                        AND al.key = ANY(%(keys)s::text[])
-                        AND al.recorded_at <= coalesce(%(known_at)s, now()))
-           OR e.id IN (SELECT a.subject_id FROM graph_assertions a
-                       WHERE a.org_id = %(org)s AND a.source_id = ANY(%(sources)s::uuid[])))
+    WITH candidates AS (
+        SELECT id FROM graph_entities WHERE org_id = %(org)s AND id = ANY(%(ids)s::uuid[])
+        UNION
+        SELECT id FROM graph_entities WHERE org_id = %(org)s AND key = ANY(%(keys)s::text[])
+        UNION
+        SELECT entity_id FROM graph_entity_aliases
+        WHERE org_id = %(org)s AND key = ANY(%(keys)s::text[])
+          AND recorded_at <= coalesce(%(known_at)s, now())
+        UNION
+        SELECT subject_id FROM graph_assertions
+        WHERE org_id = %(org)s AND source_id = ANY(%(sources)s::uuid[])
+    )
+    SELECT e.id FROM candidates c
+    JOIN graph_entities e ON e.org_id = %(org)s AND e.id = c.id
+    WHERE e.recorded_at <= coalesce(%(known_at)s, now())
       AND EXISTS (SELECT 1 FROM graph_assertions a
                   LEFT JOIN kb_sources s ON s.org_id = a.org_id AND s.id = a.source_id
                   WHERE a.org_id = e.org_id AND (a.subject_id = e.id OR a.object_id = e.id)

@@ -186,8 +186,11 @@ def upgrade() -> None:
             CHECK ((valid_to IS NULL) = (invalidated_at IS NULL)),
             CHECK (valid_to IS NULL OR valid_to >= valid_from)
         );
-        CREATE INDEX graph_assertions_subject ON graph_assertions (org_id, subject_id);
-        CREATE INDEX graph_assertions_object ON graph_assertions (org_id, object_id);
+        -- In retrieval's order (best first), so a hub's top facts are read without a sort.
+        CREATE INDEX graph_assertions_subject
+            ON graph_assertions (org_id, subject_id, confidence DESC, valid_from DESC, id);
+        CREATE INDEX graph_assertions_object
+            ON graph_assertions (org_id, object_id, confidence DESC, valid_from DESC, id);
         CREATE INDEX graph_assertions_source
             ON graph_assertions (org_id, source_id, source_version) WHERE source_id IS NOT NULL;
         CREATE INDEX graph_assertions_open ON graph_assertions (org_id, subject_id, predicate)
