@@ -75,16 +75,16 @@ def build(dsn: str, org: str, entities: int, assertions: int, rng: random.Random
             # Zipf-like degrees: endpoint ranks drawn as floor(entities * u^3).
             with cur.copy(
                 "COPY graph_assertions (org_id, subject_id, predicate, object_id, source_id, "
-                "source_version, confidence, method, method_version, run_id, byte_start, "
-                "byte_end, line_start, line_end, valid_from, fingerprint) FROM STDIN"
+                "source_version, collection, confidence, method, method_version, run_id, "
+                "byte_start, byte_end, line_start, line_end, valid_from, fingerprint) FROM STDIN"
             ) as copy:
                 for n in range(assertions):
                     s = ids[int(entities * rng.random() ** 3)]
                     o = ids[int(entities * rng.random() ** 3)]
-                    src, _ = sources[n % len(sources)]
+                    src, collection = sources[n % len(sources)]
                     start = rng.randrange(9000)
                     copy.write_row((
-                        org, s, PREDICATES[n % 20], o, src, 1, round(rng.random(), 3),
+                        org, s, PREDICATES[n % 20], o, src, 1, collection, round(rng.random(), 3),
                         "bench", "1", run, start, start + 12, 1 + start // 80, 1 + start // 80,
                         "2026-01-01T00:00:00Z", f"b{n}",
                     ))  # fmt: skip

@@ -154,6 +154,9 @@ def upgrade() -> None:
             object_id      uuid NOT NULL,
             source_id      uuid,
             source_version integer,
+            -- the source's collection (a source never changes collection): what reads filter
+            -- on, without a join (kb_collection_readers)
+            collection     text,
             confidence     real NOT NULL CHECK (confidence >= 0 AND confidence <= 1),
             method         text NOT NULL,
             method_version text NOT NULL,
@@ -177,6 +180,7 @@ def upgrade() -> None:
             FOREIGN KEY (org_id, source_id) REFERENCES kb_sources (org_id, id),
             FOREIGN KEY (org_id, run_id) REFERENCES graph_extraction_runs (org_id, id),
             CHECK ((source_id IS NULL) = (source_version IS NULL)),
+            CHECK ((source_id IS NULL) = (collection IS NULL)),
             CHECK ((byte_start IS NULL) = (source_id IS NULL)
                    AND (byte_start IS NULL) = (byte_end IS NULL)
                    AND (byte_start IS NULL) = (line_start IS NULL)
@@ -301,9 +305,12 @@ def upgrade() -> None:
             WITH inserted AS (
                 INSERT INTO graph_assertions (
                     org_id, subject_id, predicate, object_id, source_id, source_version,
-                    confidence, method, method_version, run_id, byte_start, byte_end,
-                    line_start, line_end, submitted_by, valid_from, fingerprint)
-                SELECT p_org, sid, p, oid, source_id, source_version, confidence, method,
+                    collection, confidence, method, method_version, run_id, byte_start,
+                    byte_end, line_start, line_end, submitted_by, valid_from, fingerprint)
+                SELECT p_org, sid, p, oid, source_id, source_version,
+                       (SELECT s.collection FROM kb_sources s
+                        WHERE s.org_id = p_org AND s.id = graph_rows.source_id),
+                       confidence, method,
                        method_version, p_run, byte_start, byte_end, line_start, line_end,
                        submitted_by, valid_from,
                        md5(concat_ws('|', sid, p, oid, source_id, source_version, method,
