@@ -1523,10 +1523,13 @@ class Runtime:
         for name in collection or ():
             if not name or "\x00" in name or len(name) > 128:
                 raise InvalidRequestError("collection: 1 to 128 characters, no NUL")
+        # A collection with readers listed is searched only by them (and admins).
+        scope = await _graph.readable_scope(
+            self.knowledge, org_id, caller.id, collection or None, is_admin=caller.is_admin
+        )
         result = await self.knowledge.search(
-            org_id, query, collection=list(collection) if collection else None, k=k,
-            fusion=fusion, rerank=rerank,
-        )  # fmt: skip
+            org_id, query, collection=scope, k=k, fusion=fusion, rerank=rerank
+        )
         result = await self._with_source_warnings(org_id, result)
         await self._audited(caller, UseCase.KNOWLEDGE_SEARCH, org_id, args=args)
         return result

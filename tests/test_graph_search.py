@@ -287,3 +287,43 @@ async def test_the_http_routes(
             )
         ).fetchone()
     assert row is not None and row["n"] == 2
+
+
+async def test_knowledge_search_honours_collection_readers_too(
+    scripted_runtime: Callable[..., Any], db: Database, org: str
+) -> None:
+    from knowledge_fixtures import ingest
+
+    runtime = await scripted_runtime(None)
+
+    def publish() -> None:
+        with KnowledgeWriter(db.dsn) as writer:
+            ingest(writer, org, "public", {"open.md": b"# Open\n\nThe zebra timetable.\n"})
+            ingest(writer, org, "secret", {"plan.md": b"# Plan\n\nThe zebra takeover.\n"})
+
+    await asyncio.to_thread(publish)
+    await runtime.set_collection_readers(org, "secret", ["bob"])
+    alice = member(org, "alice", "knowledge_search")
+    bob = member(org, "bob", "knowledge_search")
+    seen = await runtime.search_knowledge(org, "zebra", principal=alice)
+    assert {h.collection for h in seen.hits} == {"public"}
+    with pytest.raises(AccessDeniedError, match="secret"):
+        await runtime.search_knowledge(org, "zebra", collection=["secret"], principal=alice)
+    both = await runtime.search_knowledge(org, "zebra", principal=bob)
+    assert {h.collection for h in both.hits} == {"public", "secret"}
+
+    agent = await runtime.create_agent(
+        org,
+        "reader",
+        mode=AgentMode.AUTONOMOUS,
+        tools=["knowledge_search"],
+        grant=Grant(tools=frozenset({"knowledge_search"})),
+    )
+    ctx = InvocationContext(agent=agent, caller=None, mode=AgentMode.AUTONOMOUS)
+    obs = await runtime.dispatcher.invoke(ctx, "knowledge_search", {"query": "zebra"})
+    assert obs.status is ObservationStatus.OK
+    assert {h["path"] for h in obs.output["hits"]} == {"open.md"}
+    refused = await runtime.dispatcher.invoke(
+        ctx, "knowledge_search", {"query": "zebra", "collection": "secret"}
+    )
+    assert refused.status is not ObservationStatus.OK

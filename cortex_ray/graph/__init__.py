@@ -29,7 +29,12 @@ from cortex_ray.graph._writer import DETERMINISTIC, GraphWriter, SourceExtractio
 
 # Source health lives with the sources (cortex_ray.knowledge); the graph's facts carry it,
 # and the runtime reaches it here with the rest of issue 19.
-from cortex_ray.knowledge import SourceHealthMonitor, SourceHealthReport, source_warnings
+from cortex_ray.knowledge import (
+    SourceHealthMonitor,
+    SourceHealthReport,
+    readable_scope,
+    source_warnings,
+)
 
 __all__ = [
     "DETERMINISTIC",
@@ -54,6 +59,7 @@ __all__ = [
     "facts_from_mentions",
     "graph_search_tool",
     "open_driver",
+    "readable_scope",
     "render_fact",
     "source_warnings",
 ]

@@ -20,7 +20,7 @@ from uuid import UUID
 
 from cortex_ray._exceptions import InvalidRequestError, NotFoundError
 from cortex_ray.graph._types import Entity, Evidence, Fact, GraphResult, SubmitReport, Triple
-from cortex_ray.knowledge import warning_text
+from cortex_ray.knowledge import denied_collections, warning_text
 from cortex_ray.storage import Conn, Database
 
 __all__ = ["GraphStore", "Reader"]
@@ -44,12 +44,6 @@ class Reader:
     def params(self) -> dict[str, Any]:
         return {"valid_at": self.valid_at, "known_at": self.known_at}
 
-
-# The collections whose readers are listed without the reader: their facts are denied.
-_DENIED = """
-    SELECT collection FROM kb_collection_readers WHERE org_id = %s
-    GROUP BY collection HAVING NOT bool_or(principal_id = %s)
-"""
 
 # A fact ``a`` the reader may see, as of both axes. ``a.collection`` is its source's
 # collection (NULL for a submitted fact), so the check needs no join and an index scan in
@@ -441,10 +435,7 @@ class GraphStore:
 
 async def _reader_params(conn: Conn, org_id: str, reader: Reader) -> dict[str, Any]:
     """The reader's times and the collections it may not read (none for an admin)."""
-    denied: list[str] = []
-    if not reader.is_admin:
-        rows = await (await conn.execute(_DENIED, (org_id, reader.principal_id))).fetchall()
-        denied = [r["collection"] for r in rows]
+    denied = await denied_collections(conn, org_id, reader.principal_id, is_admin=reader.is_admin)
     return {**reader.params(), "denied": denied}
 
 

@@ -25,8 +25,6 @@ from cortex_ray.knowledge._health import (
     HealthFinding,
     SourceHealthMonitor,
     SourceHealthReport,
-    source_warnings,
-    warning_text,
 )
 from cortex_ray.knowledge._read import (
     ListedFile,
@@ -36,6 +34,12 @@ from cortex_ray.knowledge._read import (
     list_files,
     read_chunks,
     scan_file,
+)
+from cortex_ray.knowledge._reading import (
+    denied_collections,
+    readable_scope,
+    source_warnings,
+    warning_text,
 )
 from cortex_ray.knowledge._service import (
     KnowledgeService,
@@ -115,6 +119,7 @@ __all__ = [
     "Splitter",
     "Tier",
     "citation",
+    "denied_collections",
     "detect_format",
     "fuse",
     "idf",
@@ -122,6 +127,7 @@ __all__ = [
     "list_files",
     "query_terms",
     "read_chunks",
+    "readable_scope",
     "scan_file",
     "source_warnings",
     "split_bytes",

@@ -18,7 +18,6 @@ the content is confirmed current), else the version's registration time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -34,8 +33,6 @@ __all__ = [
     "HealthFinding",
     "SourceHealthMonitor",
     "SourceHealthReport",
-    "source_warnings",
-    "warning_text",
 ]
 
 FindingKind = Literal[
@@ -68,33 +65,6 @@ class SourceHealthReport(_Frozen):
     checked_at: datetime
     sources: int
     findings: list[HealthFinding]
-
-
-def warning_text(path: str, kinds: Iterable[str], version: int | None) -> str:
-    """What a hit or fact from an unhealthy source says about it."""
-    at = f" (latest version v{version})" if version is not None else ""
-    return f"source {path} is {' and '.join(sorted(kinds))}{at}: this may be out of date"
-
-
-async def source_warnings(conn: Conn, org_id: str, source_ids: Sequence[UUID]) -> dict[UUID, str]:
-    """The warning of each unhealthy source among ``source_ids``, from its collection's
-    latest health report."""
-    if not source_ids:
-        return {}
-    rows = await (
-        await conn.execute(
-            """
-            SELECT f.source_id, s.path, array_agg(f.kind ORDER BY f.kind) AS kinds,
-                   max(f.latest_version) AS version
-            FROM kb_source_findings f
-            JOIN kb_sources s ON s.org_id = f.org_id AND s.id = f.source_id
-            WHERE f.org_id = %s AND f.source_id = ANY(%s::uuid[]) AND f.kind <> 'UNKNOWN_FRESHNESS'
-            GROUP BY f.source_id, s.path
-            """,
-            (org_id, list(set(source_ids))),
-        )
-    ).fetchall()
-    return {r["source_id"]: warning_text(r["path"], r["kinds"], r["version"]) for r in rows}
 
 
 _SOURCES = """

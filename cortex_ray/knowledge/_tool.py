@@ -8,7 +8,7 @@ from typing import Any
 from cortex_ray._exceptions import AccessDeniedError, InvalidRequestError
 from cortex_ray._types import ActionType
 from cortex_ray.act import Tool, ToolContext
-from cortex_ray.knowledge._health import source_warnings
+from cortex_ray.knowledge._reading import readable_scope, source_warnings
 from cortex_ray.knowledge._service import KnowledgeService
 
 __all__ = ["knowledge_search_tool"]
@@ -48,6 +48,12 @@ def knowledge_search_tool(
                     f"no published collection {wanted!r}: searched all of "
                     f"{', '.join(published)} instead"
                 )
+        # A collection with readers listed is searched only by them (and admins).
+        names = [scope] if isinstance(scope, str) else (None if scope is None else list(scope))
+        principal = ctx.principal
+        scope = await readable_scope(
+            service, ctx.org_id, principal.id, names, is_admin=principal.is_admin
+        )
         result = await service.search(
             ctx.org_id, args["query"], collection=scope, k=args.get("k", 5)
         )
