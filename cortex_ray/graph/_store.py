@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -40,6 +40,8 @@ class Reader:
     is_admin: bool = False
     valid_at: datetime | None = None
     known_at: datetime | None = None
+    denied: tuple[str, ...] | None = None
+    """The collections it may not read, once resolved (``None``: not yet)."""
 
     def params(self) -> dict[str, Any]:
         return {"valid_at": self.valid_at, "known_at": self.known_at}
@@ -258,6 +260,7 @@ class GraphStore:
         if not (terms or entity_ids or source_ids):
             raise InvalidRequestError("give at least one seed: terms, entity ids or sources")
         async with self.db.connection() as conn:
+            reader = await _resolved(conn, org_id, reader)
             seeds = await self._seeds(
                 conn, org_id, reader, terms, entity_ids, source_ids, max_seeds
             )
@@ -313,6 +316,7 @@ class GraphStore:
         the budgets."""
         _check_budgets(max_depth, 1, per_entity)
         async with self.db.connection() as conn:
+            reader = await _resolved(conn, org_id, reader)
             ends = await self._seeds(conn, org_id, reader, (), (start, end), (), 2)
             if start not in ends or end not in ends:
                 raise NotFoundError("no such entity (or none the caller may see)")
@@ -433,10 +437,19 @@ class GraphStore:
         ]
 
 
-async def _reader_params(conn: Conn, org_id: str, reader: Reader) -> dict[str, Any]:
-    """The reader's times and the collections it may not read (none for an admin)."""
+async def _resolved(conn: Conn, org_id: str, reader: Reader) -> Reader:
+    """The reader with the collections it may not read (none for an admin): read once per
+    search, so that all its statements apply the same rule."""
+    if reader.denied is not None:
+        return reader
     denied = await denied_collections(conn, org_id, reader.principal_id, is_admin=reader.is_admin)
-    return {**reader.params(), "denied": denied}
+    return replace(reader, denied=tuple(denied))
+
+
+async def _reader_params(conn: Conn, org_id: str, reader: Reader) -> dict[str, Any]:
+    """The reader's times and the collections it may not read."""
+    reader = await _resolved(conn, org_id, reader)
+    return {**reader.params(), "denied": list(reader.denied or ())}
 
 
 def _touches(row: dict[str, Any], entity: UUID) -> bool:
