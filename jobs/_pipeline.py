@@ -640,14 +640,14 @@ class GraphExtractor:
             self._traceparent,
             {"cortex.org_id": self._org_id, "cortex.files": len(todo)},
         ):
-            for i in todo:
-                got = self._writer.extract_source(
-                    self._org_id,
-                    self._run_id,
-                    data["source_id"][i],
-                    data["version"][i],
-                    data["path"][i],
-                )
+            # One transaction for the block's files (a file's own would cost more than its
+            # extraction: most files hold a few facts).
+            outcomes = self._writer.extract_sources(
+                self._org_id,
+                self._run_id,
+                [(data["source_id"][i], data["version"][i], data["path"][i]) for i in todo],
+            )
+            for i, got in zip(todo, outcomes, strict=True):
                 rows.add(
                     kind="graph",
                     key=data["key"][i],

@@ -120,62 +120,92 @@ class GraphWriter:
     def extract_source(
         self, org_id: str, run_id: int, source_id: UUID | str, version: int, path: str
     ) -> SourceExtraction:
-        """Read the version's file again (``path``, streamed by line), check that it is the
-        content registered under ``version``, and write the facts the rule-based extractor
-        finds, then close what older versions of the source asserted by the same method.
+        """``extract_sources`` of one version."""
+        return self.extract_sources(org_id, run_id, [(source_id, version, path)])[0]
 
-        Nothing is written when the file changed since (``changed``) or is gone (``missing``).
+    def extract_sources(
+        self, org_id: str, run_id: int, versions: Sequence[tuple[UUID | str, int, str]]
+    ) -> list[SourceExtraction]:
+        """For each ``(source id, version, file path)``: read the file again (streamed by
+        line), check that it is the content registered under the version, and find its
+        facts with the rule-based extractor. Then one transaction writes every version's
+        facts and closes what older versions of each source asserted by the same method.
+
+        Nothing is written for a file that changed since (``changed``) or is gone
+        (``missing``). ``assertions`` of an outcome counts the facts found in the file.
         """
-        row = self.conn.execute(
-            """
-            SELECT s.path AS key, s.collection, v.content_hash, v.created_at
-            FROM kb_source_versions v JOIN kb_sources s
-              ON s.org_id = v.org_id AND s.id = v.source_id
-            WHERE v.org_id = %s AND v.source_id = %s AND v.version = %s
-            """,
-            (org_id, source_id, version),
-        ).fetchone()
-        if row is None:
-            return SourceExtraction("missing", detail="no such source version")
-        digest = hashlib.sha256()
-        try:
-            with open(path, "rb") as f:
-                facts = list(facts_from_mentions(row["key"], extract_mentions(_hashed(f, digest))))
-        except OSError as exc:
-            return SourceExtraction("missing", detail=str(exc))
-        if digest.hexdigest() != row["content_hash"]:
-            return SourceExtraction("changed", detail="the file changed since it was written")
-        base = {
-            "source_id": str(source_id),
-            "source_version": version,
-            "method": DETERMINISTIC,
-            "method_version": EXTRACTOR_VERSION,
-            "valid_from": row["created_at"].isoformat(),
+        known = {
+            (str(r["source_id"]), r["version"]): r
+            for r in self.conn.execute(
+                """
+                SELECT v.source_id, v.version, s.path AS key, v.content_hash, v.created_at
+                FROM kb_source_versions v JOIN kb_sources s
+                  ON s.org_id = v.org_id AND s.id = v.source_id
+                WHERE v.org_id = %s
+                  AND (v.source_id, v.version) IN (SELECT * FROM unnest(%s::uuid[], %s::int[]))
+                """,
+                (org_id, [str(v[0]) for v in versions], [v[1] for v in versions]),
+            )
         }
-        rows = [
-            {
-                **base,
-                "s_type": s_type,
-                "s_name": s_name,
-                "p": predicate,
-                "o_type": m.type,
-                "o_name": m.name,
-                "confidence": m.confidence,
-                "byte_start": m.byte_start,
-                "byte_end": m.byte_end,
-                "line_start": m.line,
-                "line_end": m.line,
+        outcomes: list[SourceExtraction] = []
+        rows: list[dict[str, Any]] = []
+        extracted: list[tuple[str, int, Any]] = []
+        for source_id, version, path in versions:
+            row = known.get((str(source_id), version))
+            if row is None:
+                outcomes.append(SourceExtraction("missing", detail="no such source version"))
+                continue
+            found = _facts(path, row)
+            if isinstance(found, SourceExtraction):
+                outcomes.append(found)
+                continue
+            base = {
+                "source_id": str(source_id),
+                "source_version": version,
+                "method": DETERMINISTIC,
+                "method_version": EXTRACTOR_VERSION,
+                "valid_from": row["created_at"].isoformat(),
             }
-            for s_type, s_name, predicate, m in facts
-        ]
-        with self.conn.transaction():
-            totals = assert_rows(self.conn, org_id, run_id, rows)
-            got = self.conn.execute(
-                "SELECT graph_close_superseded(%s, %s, %s, %s, %s) AS n",
-                (org_id, source_id, version, DETERMINISTIC, row["created_at"]),
-            ).fetchone()
-        closed = totals["closed"] + (int(got["n"]) if got else 0)
-        return SourceExtraction("extracted", totals["assertions"], closed)
+            rows += [{**base, **fact} for fact in found]
+            extracted.append((str(source_id), version, row["created_at"]))
+            outcomes.append(SourceExtraction("extracted", len(found)))
+        if extracted:
+            with self.conn.transaction():
+                assert_rows(self.conn, org_id, run_id, rows)
+                for source_id, version, at in extracted:
+                    self.conn.execute(
+                        "SELECT graph_close_superseded(%s, %s, %s, %s, %s)",
+                        (org_id, source_id, version, DETERMINISTIC, at),
+                    )
+        return outcomes
+
+
+def _facts(path: str, version: dict[str, Any]) -> list[dict[str, Any]] | SourceExtraction:
+    """The facts of one file as ``graph_assert`` rows (without the source's fields), or the
+    reason there are none to write."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            facts = list(facts_from_mentions(version["key"], extract_mentions(_hashed(f, digest))))
+    except OSError as exc:
+        return SourceExtraction("missing", detail=str(exc))
+    if digest.hexdigest() != version["content_hash"]:
+        return SourceExtraction("changed", detail="the file changed since it was written")
+    return [
+        {
+            "s_type": s_type,
+            "s_name": s_name,
+            "p": predicate,
+            "o_type": m.type,
+            "o_name": m.name,
+            "confidence": m.confidence,
+            "byte_start": m.byte_start,
+            "byte_end": m.byte_end,
+            "line_start": m.line,
+            "line_end": m.line,
+        }
+        for s_type, s_name, predicate, m in facts
+    ]
 
 
 def _hashed(f: Any, digest: Any) -> Iterator[bytes]:

@@ -239,8 +239,8 @@ def upgrade() -> None:
                 source_version int, byte_start bigint, byte_end bigint, line_start int,
                 line_end int, confidence real, method text, method_version text,
                 valid_from timestamptz, submitted_by text, sid uuid, oid uuid
-            ) ON COMMIT DROP;
-            TRUNCATE graph_rows;
+            ) ON COMMIT DELETE ROWS;  -- kept by the session: no catalog churn per call
+            DELETE FROM graph_rows;
             INSERT INTO graph_rows
             SELECT ord::int, e->>'s_type', e->>'s_name',
                    ARRAY(SELECT jsonb_array_elements_text(coalesce(e->'s_aliases', '[]'))),
@@ -300,8 +300,8 @@ def upgrade() -> None:
                 SET functional = graph_predicates.functional OR EXCLUDED.functional;
 
             CREATE TEMP TABLE IF NOT EXISTS graph_new (id bigint, subject_id uuid,
-                predicate text, object_id uuid, valid_from timestamptz) ON COMMIT DROP;
-            TRUNCATE graph_new;
+                predicate text, object_id uuid, valid_from timestamptz) ON COMMIT DELETE ROWS;
+            DELETE FROM graph_new;
             WITH inserted AS (
                 INSERT INTO graph_assertions (
                     org_id, subject_id, predicate, object_id, source_id, source_version,
