@@ -10,7 +10,7 @@ Shape (one streaming Dataset, executed by Ray Data's streaming executor)::
     SectionWriter (actor pool)     embeds section summaries (MiniLM) and writes the sections
       │                            with their vectors; passes the other rows through
       ▼
-    GraphExtractor (actor pool)    for each file row of a written version: the deterministic
+    extract_graph (tasks)          for each file row of a written version: the deterministic
       │                            extractor's facts (cortex_ray.graph), "graph" rows out
       ▼
     driver                         iter_batches → counts, progress bar, then publish
@@ -68,10 +68,10 @@ from jobs._spans import task_tracing
 __all__ = [
     "ROW_SCHEMA",
     "DryRunWriter",
-    "GraphExtractor",
     "IngestOptions",
     "SectionWriter",
     "SourceFilesDatasource",
+    "extract_graph",
     "ingest_unit",
     "plan_units",
     "unit_size",
@@ -610,49 +610,48 @@ class SectionWriter:
         return batch.take(pa.array(keep, type=pa.int64()))
 
 
-class GraphExtractor:
-    """Ray Data actor UDF: the context graph's deterministic extraction, after a version is
+def extract_graph(
+    batch: pa.Table, *, dsn: str, org_id: str, run_id: int, traceparent: str | None = None
+) -> pa.Table:
+    """Ray Data task UDF: the context graph's deterministic extraction, after a version is
     written. For each ``file`` row of a written version it reads the file again, checks its
     content hash against the version's and writes the facts it finds (``GraphWriter``);
-    one ``graph`` row per file reports the outcome and the number of assertions."""
+    one ``graph`` row per file reports the outcome and the number of facts found.
 
-    def __init__(self, dsn: str, org_id: str, run_id: int, traceparent: str | None = None) -> None:
-        from cortex_ray.graph import GraphWriter
+    A task, not an actor: it needs no model, so it runs in the read tasks' warm worker
+    processes (an actor would start a process per job: seconds, on a small job more than
+    the extraction) and on as many CPUs as the blocks allow."""
+    from cortex_ray.graph import GraphWriter
 
-        task_tracing(traceparent, dsn)
-        self._writer = GraphWriter(dsn)
-        self._org_id = org_id
-        self._run_id = run_id
-        self._traceparent = traceparent
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        data = batch.to_pydict()
-        todo = [
-            i
-            for i, kind in enumerate(data["kind"])
-            if kind == "file" and data["status"][i] == "written" and data["path"][i]
-        ]
-        if not todo:
-            return batch
-        rows = _Rows()
-        with server_span(
-            "extract graph",
-            self._traceparent,
-            {"cortex.org_id": self._org_id, "cortex.files": len(todo)},
-        ):
-            # One transaction for the block's files (a file's own would cost more than its
-            # extraction: most files hold a few facts).
-            outcomes = self._writer.extract_sources(
-                self._org_id,
-                self._run_id,
-                [(data["source_id"][i], data["version"][i], data["path"][i]) for i in todo],
-            )
-            for i, got in zip(todo, outcomes, strict=True):
-                rows.add(
-                    kind="graph",
-                    key=data["key"][i],
-                    status=got.status,
-                    reason=got.detail,
-                    assertions=got.assertions,
-                )
-        return pa.concat_tables([batch, rows.take()])
+    data = batch.to_pydict()
+    todo = [
+        i
+        for i, kind in enumerate(data["kind"])
+        if kind == "file" and data["status"][i] == "written" and data["path"][i]
+    ]
+    if not todo:
+        return batch
+    task_tracing(traceparent, dsn)
+    rows = _Rows()
+    with (
+        server_span(
+            "extract graph", traceparent, {"cortex.org_id": org_id, "cortex.files": len(todo)}
+        ),
+        GraphWriter(dsn) as writer,
+    ):
+        # One transaction for the block's files (a file's own would cost more than its
+        # extraction: most files hold a few facts).
+        outcomes = writer.extract_sources(
+            org_id,
+            run_id,
+            [(data["source_id"][i], data["version"][i], data["path"][i]) for i in todo],
+        )
+    for i, got in zip(todo, outcomes, strict=True):
+        rows.add(
+            kind="graph",
+            key=data["key"][i],
+            status=got.status,
+            reason=got.detail,
+            assertions=got.assertions,
+        )
+    return pa.concat_tables([batch, rows.take()])

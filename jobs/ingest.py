@@ -62,10 +62,10 @@ from cortex_ray.observability import (
 )
 from cortex_ray.storage import EmbeddedPostgres, migrate
 from jobs._pipeline import (
-    GraphExtractor,
     IngestOptions,
     SectionWriter,
     SourceFilesDatasource,
+    extract_graph,
     plan_units,
     unit_size,
 )
@@ -302,8 +302,8 @@ def _ingest(
             run_id = graph_writer.begin_run(org, collection=collection, generation=generation.id)
             report.graph = {"run": run_id, "files": 0, "assertions": 0, "changed": 0}
             ds = ds.map_batches(
-                GraphExtractor,
-                fn_constructor_kwargs={
+                extract_graph,
+                fn_kwargs={
                     "dsn": _bulk_dsn(dsn),  # type: ignore[arg-type]
                     "org_id": org,
                     "run_id": run_id,
@@ -311,8 +311,6 @@ def _ingest(
                 },
                 batch_size=None,
                 batch_format="pyarrow",
-                concurrency=1,
-                num_cpus=0,
             )
         skipped: Counter[str] = Counter()
         in_progress: dict[str, int] = {}
