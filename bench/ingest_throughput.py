@@ -222,8 +222,9 @@ def ours(dsn: str, root: Path, cpus: int) -> tuple[float, float, int, int]:
     startup = time.perf_counter() - t0
     try:
         report = run_ingest(
-            "bench", f"ours-{cpus}cpu-{uuid.uuid4().hex[:6]}", [root], dsn=dsn, embed=False
-        )
+            "bench", f"ours-{cpus}cpu-{uuid.uuid4().hex[:6]}", [root], dsn=dsn, embed=False,
+            graph=False,  # the lexical tier alone; bench/graph_extraction_cost.py adds the graph
+        )  # fmt: skip
     finally:
         ray.shutdown()
     if report.failed:

@@ -34,6 +34,7 @@ from uuid import UUID, uuid4
 
 from pydantic import ValidationError
 
+from cortex_ray import graph as _graph
 from cortex_ray._cycle import (
     DecisionCycle,
     StepCallback,
@@ -212,8 +213,7 @@ class Runtime:
         self.model = model
         self.knowledge = knowledge
         self.access = AccessControlService()
-        # knowledge_search is registered, not built in: an agent gets it by naming it.
-        searching = [knowledge_search_tool(knowledge)] if knowledge is not None else []
+        self.graph, searching = _retrieval_tools(db, knowledge)  # registered, not built in
         self.registry = ToolRegistry([*builtin_tools(), *searching, *tools], classifier)
         # Connector tools are decided by their grants too, in the same gate (issue 18).
         self.connector_policy = ConnectorPolicy(
@@ -1586,12 +1586,134 @@ class Runtime:
         for name in collection or ():
             if not name or "\x00" in name or len(name) > 128:
                 raise InvalidRequestError("collection: 1 to 128 characters, no NUL")
+        # A collection with readers listed is searched only by them (and admins).
+        scope = await _graph.readable_scope(
+            self.knowledge, org_id, caller.id, collection or None, is_admin=caller.is_admin
+        )
         result = await self.knowledge.search(
-            org_id, query, collection=list(collection) if collection else None, k=k,
-            fusion=fusion, rerank=rerank,
-        )  # fmt: skip
+            org_id, query, collection=scope, k=k, fusion=fusion, rerank=rerank
+        )
+        result = await self._with_source_warnings(org_id, result)
         await self._audited(caller, UseCase.KNOWLEDGE_SEARCH, org_id, args=args)
         return result
+
+    async def _with_source_warnings(self, org_id: str, result: SearchResult) -> SearchResult:
+        """Hits from unhealthy sources say so (their collection's latest health report)."""
+        async with self.db.connection() as conn:
+            sources = [h.source_id for h in result.hits]
+            warnings = await _graph.source_warnings(conn, org_id, sources)
+        if not warnings:
+            return result
+        hits = [h.model_copy(update={"warning": warnings.get(h.source_id)}) for h in result.hits]
+        return result.model_copy(update={"hits": hits})
+
+    # source health (docs/graph.md, "Source health") -------------------------------------------
+
+    async def set_freshness_policy(
+        self,
+        org_id: str,
+        collection: str,
+        expected_interval_s: float,
+        *,
+        expires_after_s: float | None = None,
+        path: str | None = None,
+        principal: Principal | None = None,
+    ) -> None:
+        """How often a collection's sources (or one source, ``path``) are expected to be
+        updated; a source not read within it is STALE, within ``expires_after_s`` (default
+        four intervals) EXPIRED. Admins."""
+        args = {"collection": collection, "expected_interval_s": expected_interval_s}
+        caller = await self._authorize(principal, UseCase.SOURCES_POLICY, org_id, args=args)
+        await _graph.SourceHealthMonitor(self.db).set_policy(
+            org_id, collection, expected_interval_s, expires_after_s=expires_after_s, path=path
+        )
+        await self._audited(caller, UseCase.SOURCES_POLICY, org_id, args=args)
+
+    async def check_source_health(
+        self, org_id: str, collection: str, *, principal: Principal | None = None
+    ) -> _graph.SourceHealthReport:
+        """Check every source of the collection and persist the report. Admins."""
+        args = {"collection": collection}
+        caller = await self._authorize(principal, UseCase.SOURCES_CHECK, org_id, args=args)
+        report = await _graph.SourceHealthMonitor(self.db).check(org_id, collection)
+        await self._audited(caller, UseCase.SOURCES_CHECK, org_id, args=args)
+        return report
+
+    async def source_health(
+        self, org_id: str, collection: str, *, principal: Principal | None = None
+    ) -> _graph.SourceHealthReport | None:
+        """The collection's latest health report (``None`` before the first check)."""
+        await self._authorize(principal, UseCase.SOURCES_HEALTH, org_id)
+        return await _graph.SourceHealthMonitor(self.db).latest(org_id, collection)
+
+    # context graph (docs/graph.md) ---------------------------------------------------------
+
+    async def search_graph(
+        self,
+        org_id: str,
+        *,
+        terms: Sequence[str] = (),
+        entity_ids: Sequence[UUID] = (),
+        source_ids: Sequence[UUID] = (),
+        depth: int = 1,
+        max_facts: int = 50,
+        per_entity: int = 10,
+        predicates: Sequence[str] | None = None,
+        valid_at: datetime | None = None,
+        known_at: datetime | None = None,
+        path_to: UUID | None = None,
+        principal: Principal | None = None,
+    ) -> _graph.GraphResult:
+        """Seeds (terms, entity ids, the sources of knowledge hits) → entities → neighbours
+        within the budgets, as of ``valid_at`` / ``known_at``; with ``path_to``, a shortest
+        path from the one entity id given to it (``depth`` long at most). Facts whose source
+        the caller may not read are left out before anything is returned. Admins, or callers
+        granted ``graph_search``."""
+        args = {"terms": [t[:100] for t in terms][:10], "depth": depth, "max_facts": max_facts}
+        caller = await self._authorize(principal, UseCase.GRAPH_SEARCH, org_id, args=args)
+        reader = _graph.Reader(caller.id, caller.is_admin, valid_at, known_at)
+        if path_to is not None:
+            if len(entity_ids) != 1 or terms or source_ids:
+                raise InvalidRequestError("a path search takes one entity id and path_to")
+            result = await self.graph.path(
+                org_id, reader, entity_ids[0], path_to, max_depth=depth, per_entity=per_entity,
+                predicates=predicates,
+            )  # fmt: skip
+        else:
+            result = await self.graph.search(
+                org_id, reader, terms=terms, entity_ids=entity_ids, source_ids=source_ids,
+                depth=depth, max_facts=max_facts, per_entity=per_entity, predicates=predicates,
+            )  # fmt: skip
+        await self._audited(caller, UseCase.GRAPH_SEARCH, org_id, args=args)
+        return result
+
+    async def submit_triples(
+        self, org_id: str, triples: Sequence[_graph.Triple], *, principal: Principal | None = None
+    ) -> _graph.SubmitReport:
+        """Record the caller's own facts (one extraction run of method ``user``); a
+        ``functional`` predicate's newer fact closes the older one's validity. Admins, or
+        writers granted ``graph_submit``."""
+        args = {"triples": len(triples)}
+        caller = await self._authorize(principal, UseCase.GRAPH_SUBMIT, org_id, args=args)
+        if not 1 <= len(triples) <= 1000:
+            raise InvalidRequestError("triples: 1 to 1000 per call")
+        report = await self.graph.submit(org_id, triples, principal_id=caller.id)
+        await self._audited(caller, UseCase.GRAPH_SUBMIT, org_id, args=args)
+        return report
+
+    async def set_collection_readers(
+        self,
+        org_id: str,
+        collection: str,
+        principal_ids: Sequence[str],
+        *,
+        principal: Principal | None = None,
+    ) -> None:
+        """Restrict who may read a collection's facts (none listed: every member). Admins."""
+        args = {"collection": collection, "readers": list(principal_ids)[:50]}
+        caller = await self._authorize(principal, UseCase.COLLECTION_READERS, org_id, args=args)
+        await self.graph.set_collection_readers(org_id, collection, principal_ids)
+        await self._audited(caller, UseCase.COLLECTION_READERS, org_id, args=args)
 
     # principals and API keys ------------------------------------------------------------
 
@@ -1669,6 +1791,17 @@ class Runtime:
         if revoked_now:
             await self._audited(caller, UseCase.API_KEYS_REVOKE, org_id, args=args)
         return ApiKeyRevoked(key_id=key_id, revoked_at=revoked_at, revoked_now=revoked_now)
+
+
+def _retrieval_tools(
+    db: Database, knowledge: KnowledgeService | None
+) -> tuple[_graph.GraphStore, list[Tool]]:
+    """The context graph's store, and the RETRIEVAL tools an agent gets by naming them
+    (registered, not built in): ``knowledge_search`` (with a knowledge store) and
+    ``graph_search``."""
+    graph = _graph.GraphStore(db)
+    searching = [knowledge_search_tool(knowledge)] if knowledge is not None else []
+    return graph, [*searching, _graph.graph_search_tool(graph)]
 
 
 def _configured_reranker(settings: Settings) -> Reranker | None:

@@ -38,6 +38,7 @@ __all__ = [
     "ApiOptions",
     "DiagnosticsOptions",
     "Fusion",
+    "GraphProjectionOptions",
     "IngestJobOptions",
     "LocalSpans",
     "RetrievalConfig",
@@ -338,6 +339,11 @@ class IngestJobOptions(BaseModel):
     backfill_num_gpus: float = Field(
         default=0.0, ge=0, description="GPUs the backfill's embedding actor reserves"
     )
+    graph: bool = Field(
+        default=True,
+        description="extract the context graph's facts from each written version "
+        "(the deterministic extractor; docs/graph.md)",
+    )
 
 
 class DiagnosticsOptions(BaseModel):
@@ -361,6 +367,24 @@ class DiagnosticsOptions(BaseModel):
     )
     loop_repeats: int = Field(
         default=3, ge=2, description="the same call proposed this often in a run is a loop"
+    )
+
+
+class GraphProjectionOptions(BaseModel):
+    """The context graph's projection into Neo4j (``python -m jobs.graph_project``):
+    ``Settings.graph``, ``CORTEX_GRAPH__<FIELD>`` (docs/graph.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uri: str | None = Field(
+        default=None, description="the Bolt server projected into (bolt://host:7687); unset: none"
+    )
+    user: str = Field(default="neo4j", description="its user")
+    password: str | None = Field(default=None, description="its password")
+    database: str | None = Field(default=None, description="its database; unset: its default")
+    batch: int = Field(default=1000, ge=1, le=50_000, description="outbox rows per transaction")
+    poll_s: float = Field(
+        default=2.0, gt=0, description="how often a following projector reads the outbox"
     )
 
 
@@ -671,6 +695,7 @@ class Settings(BaseSettings):
     ingest: IngestJobOptions = Field(default_factory=IngestJobOptions)
     tracing: TracingOptions = Field(default_factory=TracingOptions)
     diagnostics: DiagnosticsOptions = Field(default_factory=DiagnosticsOptions)
+    graph: GraphProjectionOptions = Field(default_factory=GraphProjectionOptions)
 
     @classmethod
     def settings_customise_sources(

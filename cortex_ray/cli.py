@@ -24,6 +24,7 @@ import warnings
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -59,6 +60,7 @@ from cortex_ray._types import (
     TaskRun,
 )
 from cortex_ray.evals import Check, EvalMode, EvalRun, EvalSuite
+from cortex_ray.graph import Triple
 from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import HashEmbedder
 from cortex_ray.observability import waterfall
@@ -108,6 +110,14 @@ eval_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(eval_app, name="eval")
+graph_app = typer.Typer(
+    help="The context graph: search it, add facts (docs/graph.md).", no_args_is_help=True
+)
+app.add_typer(graph_app, name="graph")
+sources_app = typer.Typer(
+    help="Source health: freshness policies and checks (docs/graph.md).", no_args_is_help=True
+)
+app.add_typer(sources_app, name="sources")
 
 
 class Mode(StrEnum):
@@ -1283,6 +1293,156 @@ def deploy_plan(
     if not plan.fits:
         _fail("the plan does not fit: " + "; ".join(plan.problems), EXIT_ERROR)
     _out.print(Text("fits"))
+
+
+# context graph and source health ----------------------------------------------------------
+
+
+def _typed_name(value: str, what: str) -> tuple[str, str]:
+    """``TYPE:NAME`` (``service:billing-api``) → ``(type, name)``."""
+    kind, sep, name = value.partition(":")
+    if not sep or not kind or not name.strip():
+        raise InvalidRequestError(f"{what}: expected TYPE:NAME, e.g. service:billing-api")
+    return kind, name
+
+
+def _time_option(value: str | None, flag: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidRequestError(f"{flag}: not an ISO 8601 time: {value!r}") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@graph_app.command("search")
+def graph_search(
+    ctx: typer.Context,
+    terms: Annotated[list[str], typer.Argument(help="Names or aliases to start from.")],
+    depth: Annotated[int, typer.Option(help="Hops (1-4).")] = 1,
+    max_facts: Annotated[int, typer.Option("--max-facts", help="Facts in all (1-500).")] = 50,
+    valid_at: Annotated[str | None, typer.Option("--valid-at", help="ISO time (valid).")] = None,
+    known_at: Annotated[str | None, typer.Option("--known-at", help="ISO time (record).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Facts about the entities TERMS name and their neighbours, each cited."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        valid, known = _time_option(valid_at, "--valid-at"), _time_option(known_at, "--known-at")
+        async with _runtime(with_models=False) as runtime:
+            result = await runtime.search_graph(
+                org, terms=terms, depth=depth, max_facts=max_facts, valid_at=valid,
+                known_at=known, principal=_operator(org),
+            )  # fmt: skip
+        if as_json:
+            _out.print_json(result.model_dump_json())
+            return 0
+        table = _list_table(f"facts about {', '.join(terms)} in {org}")
+        table.add_column("fact", min_width=30, overflow="fold")
+        table.add_column("citation", overflow="fold")
+        table.add_column("valid", no_wrap=True)
+        for f in result.facts:
+            fact = (
+                f"{f.subject.type}:{f.subject.name} {f.predicate} {f.object.type}:{f.object.name}"
+            )
+            until = f" → {f.valid_to:%Y-%m-%d}" if f.valid_to else ""
+            warn = f" ⚠ {f.warning}" if f.warning else ""
+            table.add_row(Text(fact), Text(f.citation + warn), f"{f.valid_from:%Y-%m-%d}{until}")
+        _out.print(table)
+        if not result.facts:
+            _err.print("no facts (no entity by that name, or none you may read)")
+        return 0
+
+    _execute(work())
+
+
+@graph_app.command("add")
+def graph_add(
+    ctx: typer.Context,
+    subject: Annotated[str, typer.Argument(help="TYPE:NAME, e.g. service:billing-api")],
+    predicate: Annotated[str, typer.Argument(help="e.g. owned_by")],
+    obj: Annotated[str, typer.Argument(metavar="OBJECT", help="TYPE:NAME, e.g. team:payments")],
+    functional: Annotated[
+        bool, typer.Option("--functional", help="One object per subject at a time.")
+    ] = False,
+    confidence: Annotated[float, typer.Option(help="0 to 1.")] = 1.0,
+    valid_from: Annotated[str | None, typer.Option("--valid-from", help="ISO time.")] = None,
+) -> None:
+    """Record one fact of your own (cited as submitted by the operator)."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        s_type, s_name = _typed_name(subject, "subject")
+        o_type, o_name = _typed_name(obj, "object")
+        triple = Triple(
+            subject_type=s_type, subject=s_name, predicate=predicate, object_type=o_type,
+            object=o_name, functional=functional, confidence=confidence,
+            valid_from=_time_option(valid_from, "--valid-from"),
+        )  # fmt: skip
+        async with _runtime(with_models=False) as runtime:
+            report = await runtime.submit_triples(org, [triple], principal=_operator(org))
+        _out.print(
+            Text(
+                f"run {report.run_id}: {report.assertions} new fact(s), "
+                f"{report.entities} new entities, {report.closed} closed"
+            )
+        )
+        return 0
+
+    _execute(work())
+
+
+@sources_app.command("freshness")
+def sources_freshness(
+    ctx: typer.Context,
+    collection: Annotated[str, typer.Argument(help="The collection.")],
+    every: Annotated[float, typer.Argument(help="Expected update interval, in seconds.")],
+    expires_after: Annotated[
+        float | None, typer.Option("--expires-after", help="Seconds (default 4 intervals).")
+    ] = None,
+    path: Annotated[str | None, typer.Option("--path", help="One source's policy.")] = None,
+) -> None:
+    """Set how often a collection's sources (or one source) should be updated."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        async with _runtime(with_models=False) as runtime:
+            await runtime.set_freshness_policy(
+                org, collection, every, expires_after_s=expires_after, path=path,
+                principal=_operator(org),
+            )  # fmt: skip
+        _out.print(Text(f"{collection}{':' + path if path else ''}: expected every {every:g} s"))
+        return 0
+
+    _execute(work())
+
+
+@sources_app.command("check")
+def sources_check(
+    ctx: typer.Context, collection: Annotated[str, typer.Argument(help="The collection.")]
+) -> None:
+    """Check every source of a collection now and keep the report; exit 4 when a source
+    is unhealthy."""
+    org = _org(ctx)
+
+    async def work() -> int:
+        async with _runtime(with_models=False) as runtime:
+            report = await runtime.check_source_health(org, collection, principal=_operator(org))
+        table = _list_table(f"health of {collection} ({report.sources} sources)")
+        table.add_column("source", overflow="fold")
+        table.add_column("finding", no_wrap=True)
+        table.add_column("version", no_wrap=True)
+        table.add_column("detail", overflow="fold")
+        for f in report.findings:
+            version = "-" if f.latest_version is None else f"v{f.latest_version}"
+            table.add_row(Text(f.path), f.kind, version, Text(f.detail))
+        _out.print(table)
+        unhealthy = [f for f in report.findings if f.kind != "UNKNOWN_FRESHNESS"]
+        return EXIT_EVAL_FAILED if unhealthy else 0
+
+    _execute(work())
 
 
 def main() -> None:

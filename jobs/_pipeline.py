@@ -10,6 +10,9 @@ Shape (one streaming Dataset, executed by Ray Data's streaming executor)::
     SectionWriter (actor pool)     embeds section summaries (MiniLM) and writes the sections
       │                            with their vectors; passes the other rows through
       ▼
+    extract_graph (tasks)          for each file row of a written version: the deterministic
+      │                            extractor's facts (cortex_ray.graph), "graph" rows out
+      ▼
     driver                         iter_batches → counts, progress bar, then publish
 
 Passages are written where they are produced, by the read task, in batches: the bulk of the
@@ -68,6 +71,7 @@ __all__ = [
     "IngestOptions",
     "SectionWriter",
     "SourceFilesDatasource",
+    "extract_graph",
     "ingest_unit",
     "plan_units",
     "unit_size",
@@ -94,6 +98,8 @@ ROW_SCHEMA = pa.schema(
         ("byte_start", pa.int64()),
         ("byte_end", pa.int64()),
         ("summary", pa.string()),
+        ("path", pa.string()),  # file rows of written versions: the file read (graph stage)
+        ("assertions", pa.int64()),  # graph rows: the facts written for the file
     ]
 )
 
@@ -142,6 +148,7 @@ class _FileOutcome:
     # ``source`` is the version registered for it when it failed while being split.
     keep_published: bool = False
     source: SourceVersion | None = None
+    written: SourceVersion | None = None  # the version written (the graph stage reads it)
 
     def health(self) -> tuple[HealthEvent, str] | None:
         """The file's health event, or None when it is not a source (unsupported type)."""
@@ -191,6 +198,15 @@ class _Batch:
                 "bytes": f.size,
                 "sections": outcome.sections,
                 "passages": outcome.passages,
+                **(
+                    {
+                        "source_id": str(outcome.written.source_id),
+                        "version": outcome.written.version,
+                        "path": f.path,
+                    }
+                    if outcome.written is not None
+                    else {}
+                ),
             }
         )
         if self.records >= self.options.write_batch:
@@ -365,7 +381,7 @@ def _split_file(
             "failed", "changed while being read", keep_published=True, source=source
         )
     doc.finish(batch)
-    return _FileOutcome("written", "", doc.n_sections, doc.n_passages)
+    return _FileOutcome("written", "", doc.n_sections, doc.n_passages, written=source)
 
 
 class DryRunWriter:
@@ -592,3 +608,50 @@ class SectionWriter:
             self._writer.write_sections(gen, source, sections, vectors[members])
         keep = [i for i, kind in enumerate(kinds) if kind != "section"]
         return batch.take(pa.array(keep, type=pa.int64()))
+
+
+def extract_graph(
+    batch: pa.Table, *, dsn: str, org_id: str, run_id: int, traceparent: str | None = None
+) -> pa.Table:
+    """Ray Data task UDF: the context graph's deterministic extraction, after a version is
+    written. For each ``file`` row of a written version it reads the file again, checks its
+    content hash against the version's and writes the facts it finds (``GraphWriter``);
+    one ``graph`` row per file reports the outcome and the number of facts found.
+
+    A task, not an actor: it needs no model, so it runs in the read tasks' warm worker
+    processes (an actor would start a process per job: seconds, on a small job more than
+    the extraction) and on as many CPUs as the blocks allow."""
+    from cortex_ray.graph import GraphWriter
+
+    data = batch.to_pydict()
+    todo = [
+        i
+        for i, kind in enumerate(data["kind"])
+        if kind == "file" and data["status"][i] == "written" and data["path"][i]
+    ]
+    if not todo:
+        return batch
+    task_tracing(traceparent, dsn)
+    rows = _Rows()
+    with (
+        server_span(
+            "extract graph", traceparent, {"cortex.org_id": org_id, "cortex.files": len(todo)}
+        ),
+        GraphWriter(dsn) as writer,
+    ):
+        # One transaction for the block's files (a file's own would cost more than its
+        # extraction: most files hold a few facts).
+        outcomes = writer.extract_sources(
+            org_id,
+            run_id,
+            [(data["source_id"][i], data["version"][i], data["path"][i]) for i in todo],
+        )
+    for i, got in zip(todo, outcomes, strict=True):
+        rows.add(
+            kind="graph",
+            key=data["key"][i],
+            status=got.status,
+            reason=got.detail,
+            assertions=got.assertions,
+        )
+    return pa.concat_tables([batch, rows.take()])

@@ -44,6 +44,7 @@ from cortex_ray import (
     reclaim_signals,
     stop_on_signals,
 )
+from cortex_ray.graph import GraphWriter
 from cortex_ray.knowledge import (
     DEFAULT_MAX_LINE_BYTES,
     DEFAULT_MAX_PASSAGE_BYTES,
@@ -64,6 +65,7 @@ from jobs._pipeline import (
     IngestOptions,
     SectionWriter,
     SourceFilesDatasource,
+    extract_graph,
     plan_units,
     unit_size,
 )
@@ -129,6 +131,9 @@ class IngestReport:
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds: list, pipeline, publish
     trace_id: str | None = None  # the job's trace (its ``ingest`` span and every task's)
+    # The context graph's extraction run: {"run": id, "files": n, "assertions": n,
+    # "changed": n}, or None when the stage was off (docs/graph.md).
+    graph: dict[str, int] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)
@@ -173,6 +178,7 @@ def run_ingest(
     unit_bytes: int | None = None,
     show_ray_progress: bool = False,
     object_store_budget_bytes: int = job_default("object_store_budget_bytes"),
+    graph: bool = job_default("graph"),
 ) -> IngestReport:
     """Ingest ``paths`` into ``org``/``collection`` on the Ray that is initialised (or a
     local one); publishes a new generation and returns the report.
@@ -206,6 +212,7 @@ def run_ingest(
                 show_ray_progress=show_ray_progress,
                 object_store_budget_bytes=object_store_budget_bytes,
                 traceparent=outgoing_traceparent(),
+                graph=graph,
             )
             if span.get_span_context().is_valid:
                 report.trace_id = format(span.get_span_context().trace_id, "032x")
@@ -233,6 +240,7 @@ def _ingest(
     show_ray_progress: bool,
     object_store_budget_bytes: int,
     traceparent: str | None,
+    graph: bool = False,
 ) -> IngestReport:
     import ray
 
@@ -287,15 +295,41 @@ def _ingest(
                 # a one-CPU cluster.
                 num_cpus=0,
             )
+        graph_writer = GraphWriter(dsn) if graph and dsn else None
+        if graph_writer is not None:
+            # The context graph's extraction run; the stage follows the file rows of written
+            # versions (docs/graph.md).
+            run_id = graph_writer.begin_run(org, collection=collection, generation=generation.id)
+            report.graph = {"run": run_id, "files": 0, "assertions": 0, "changed": 0}
+            ds = ds.map_batches(
+                extract_graph,
+                fn_kwargs={
+                    "dsn": _bulk_dsn(dsn),  # type: ignore[arg-type]
+                    "org_id": org,
+                    "run_id": run_id,
+                    "traceparent": traceparent,
+                },
+                batch_size=None,
+                batch_format="pyarrow",
+            )
         skipped: Counter[str] = Counter()
         in_progress: dict[str, int] = {}
         report.phases["list"] = round(time.perf_counter() - started, 3)
-        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-            assert isinstance(batch, pa.Table)
-            for row in batch.to_pylist():
-                _count(row, report, skipped, progress, in_progress)
-            if on_progress is not None:
-                on_progress(progress)
+        try:
+            for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                assert isinstance(batch, pa.Table)
+                for row in batch.to_pylist():
+                    _count(row, report, skipped, progress, in_progress)
+                if on_progress is not None:
+                    on_progress(progress)
+        except BaseException as exc:
+            if graph_writer is not None and report.graph is not None:
+                graph_writer.finish_run(org, report.graph["run"], failed=repr(exc)[:500])
+                graph_writer.close()
+            raise
+        if graph_writer is not None and report.graph is not None:
+            graph_writer.finish_run(org, report.graph["run"])
+            graph_writer.close()
         report.skipped = dict(sorted(skipped.items()))
         report.phases["pipeline"] = round(time.perf_counter() - started, 3) - report.phases["list"]
         if writer is not None:
@@ -317,6 +351,12 @@ def _count(
     in_progress: dict[str, int],
 ) -> None:
     kind = row["kind"]
+    if kind == "graph" and report.graph is not None:
+        report.graph["files"] += 1
+        report.graph["assertions"] += row["assertions"] or 0
+        if row["status"] != "extracted":
+            report.graph["changed"] += 1
+        return
     if kind == "progress":
         in_progress[row["key"]] = in_progress.get(row["key"], 0) + row["bytes"]
         progress.bytes += row["bytes"]
@@ -458,6 +498,14 @@ def main(
             show_default=_shown_default("embed"),
         ),
     ] = None,
+    graph: Annotated[
+        bool | None,
+        typer.Option(
+            "--graph/--no-graph",
+            help="Extract the context graph's facts from written versions (docs/graph.md).",
+            show_default=_shown_default("graph"),
+        ),
+    ] = None,
     max_passage_bytes: Annotated[
         int | None, typer.Option(show_default=_shown_default("max_passage_bytes"))
     ] = None,
@@ -494,6 +542,7 @@ def main(
         job = job_options(
             settings,
             embed=embed,
+            graph=graph,
             max_passage_bytes=max_passage_bytes,
             max_line_bytes=max_line_bytes,
             num_cpus=num_cpus,
@@ -534,6 +583,7 @@ def main(
                 max_passage_bytes=job.max_passage_bytes,
                 max_line_bytes=job.max_line_bytes,
                 object_store_budget_bytes=job.object_store_budget_bytes,
+                graph=job.graph,
             )
     except InvalidRequestError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -504,6 +504,11 @@ def create_app(
     app.include_router(_me_router())
     app.include_router(_org_router())
     app.include_router(_governance_router())
+    # The context graph's routes live in their own module, which imports this one's
+    # dependencies (hence imported here, not at the top).
+    from serve._graph import graph_router
+
+    app.include_router(graph_router())
     return app
 
 

@@ -939,6 +939,9 @@ class KnowledgeHit(_Out):
     dense_score: float | None
     rerank_score: float | None
     tiers: list[Tier]
+    warning: str | None = Field(
+        default=None, description="set when the source is unhealthy (its latest health report)"
+    )
 
     @classmethod
     def of(cls, hit: SearchHit) -> KnowledgeHit:
@@ -959,6 +962,7 @@ class KnowledgeHit(_Out):
             dense_score=hit.dense_score,
             rerank_score=hit.rerank_score,
             tiers=list(hit.tiers),
+            warning=hit.warning,
         )
 
 

@@ -837,6 +837,42 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
             {"json": {"agentId": estate.worker["id"], "goal": "pwn", "intervalS": 60}},
         ),
         "change_schedule": ("POST", f"{base}/schedules/{uuid.UUID(int=13)}/cancel", {}),
+        # the context graph (tests/test_graph_search.py has its own route tests)
+        "search_graph": ("GET", f"{base}/graph/search", {"params": {"term": "door"}}),
+        "graph_path": (
+            "GET",
+            f"{base}/graph/path",
+            {"params": {"from": str(uuid.UUID(int=1)), "to": str(uuid.UUID(int=2))}},
+        ),
+        "submit_triples": (
+            "POST",
+            f"{base}/graph/triples",
+            {
+                "json": {
+                    "triples": [
+                        {
+                            "subjectType": "door",
+                            "subject": "front",
+                            "predicate": "opens",
+                            "objectType": "room",
+                            "object": "hall",
+                        }
+                    ]
+                }
+            },
+        ),
+        "set_readers": (
+            "PUT",
+            f"{base}/knowledge/collections/handbook/readers",
+            {"json": {"principalIds": []}},
+        ),
+        "set_freshness": (
+            "PUT",
+            f"{base}/knowledge/collections/handbook/freshness",
+            {"json": {"expectedIntervalS": 3600}},
+        ),
+        "check_health": ("POST", f"{base}/knowledge/collections/handbook/health", {}),
+        "get_health": ("GET", f"{base}/knowledge/collections/handbook/health", {}),
     }
     return {op: (m, url.format(**values), kw) for op, (m, url, kw) in routes.items()}
 
@@ -912,6 +948,8 @@ async def test_no_route_reads_or_writes_another_organisation(
         "create_agent": 201,
         "list_tasks": 200,
         "search_knowledge": 200,
+        "search_graph": 200,
+        "submit_triples": 201,
         "list_eval_suites": 200,
         "list_eval_runs": 200,
         "create_eval_suite": 422,  # no cases

@@ -32,6 +32,7 @@ from cortex_ray._types import DecisionKind, MemorySnapshot, RunStatus, WorkingMe
 from cortex_ray.access import UseCase
 from cortex_ray.evals import Cassette, EvalCase, EvalSuite, RecordedStep, SameDecisions
 from cortex_ray.governance import GrantRequest, RunLabel
+from cortex_ray.graph import Triple
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import HashEmbedder
 from cortex_ray.storage import Database
@@ -266,6 +267,35 @@ REFUSALS: dict[UseCase, tuple[str, Call]] = {
         lambda r, w: r.governance.label_run(
             w.org, w.run_id, RunLabel.ACCEPTED, principal=w.outsider
         ),
+    ),
+    # the context graph and source health (tests/test_graph_search.py, test_source_health.py)
+    UseCase.GRAPH_SEARCH: (
+        "member",
+        lambda r, w: r.search_graph(w.org, terms=["x"], principal=w.member),
+    ),
+    UseCase.GRAPH_SUBMIT: (
+        "member",
+        lambda r, w: r.submit_triples(
+            w.org,
+            [Triple(subject_type="a", subject="b", predicate="c", object_type="d", object="e")],
+            principal=w.member,
+        ),
+    ),
+    UseCase.COLLECTION_READERS: (
+        "member",
+        lambda r, w: r.set_collection_readers(w.org, "docs", [], principal=w.member),
+    ),
+    UseCase.SOURCES_POLICY: (
+        "member",
+        lambda r, w: r.set_freshness_policy(w.org, "docs", 60, principal=w.member),
+    ),
+    UseCase.SOURCES_CHECK: (
+        "member",
+        lambda r, w: r.check_source_health(w.org, "docs", principal=w.member),
+    ),
+    UseCase.SOURCES_HEALTH: (
+        "outsider",
+        lambda r, w: r.source_health(w.org, "docs", principal=w.outsider),
     ),
 }
 

@@ -150,6 +150,15 @@ class UseCase(Enum):
     SCHEDULES_LIST = ("schedules.list", ActionType.RETRIEVAL, Tier.READ, False)
     SCHEDULES_CREATE = ("schedules.create", ActionType.GROUNDING, Tier.WRITE, True)
     SCHEDULES_CHANGE = ("schedules.change", ActionType.GROUNDING, Tier.WRITE, True)
+    # The context graph (docs/graph.md): searching it, submitting triples (semantic memory
+    # of the organisation), and restricting a collection's readers (whose facts it filters).
+    GRAPH_SEARCH = ("graph.search", ActionType.RETRIEVAL, Tier.READ, True)
+    GRAPH_SUBMIT = ("graph.submit", ActionType.LEARNING, Tier.WRITE, True)
+    COLLECTION_READERS = ("knowledge.readers", ActionType.GROUNDING, Tier.ADMIN, True)
+    # Source health: freshness policies and checks are the operators'; reports are readable.
+    SOURCES_POLICY = ("knowledge.freshness", ActionType.GROUNDING, Tier.ADMIN, True)
+    SOURCES_CHECK = ("knowledge.health_check", ActionType.GROUNDING, Tier.ADMIN, True)
+    SOURCES_HEALTH = ("knowledge.health", ActionType.RETRIEVAL, Tier.READ, False)
 
     def __init__(self, label: str, category: ActionType, tier: Tier, audit_allowed: bool) -> None:
         self.label = label
@@ -236,4 +245,10 @@ def _authorize(
         grant = principal.grant  # a missing grant denies, as everywhere
         if grant is None or not grant.allows("knowledge_search", ActionType.RETRIEVAL):
             return AccessDecision(False, "knowledge search denied: knowledge_search is not granted")
+    for graph_case, tool in ((UseCase.GRAPH_SEARCH, "graph_search"),
+                             (UseCase.GRAPH_SUBMIT, "graph_submit")):  # fmt: skip
+        if use_case is graph_case and not principal.is_admin:
+            grant = principal.grant
+            if grant is None or not grant.allows(tool, use_case.category):
+                return AccessDecision(False, f"{use_case.label} denied: {tool} is not granted")
     return AccessDecision(True, f"{use_case.tier.value} use case")

@@ -19,6 +19,13 @@ from cortex_ray.knowledge._bm25 import (
     tf_factor,
     tokenize,
 )
+from cortex_ray.knowledge._health import (
+    WARNING_KINDS,
+    FindingKind,
+    HealthFinding,
+    SourceHealthMonitor,
+    SourceHealthReport,
+)
 from cortex_ray.knowledge._read import (
     ListedFile,
     ScanResult,
@@ -27,6 +34,12 @@ from cortex_ray.knowledge._read import (
     list_files,
     read_chunks,
     scan_file,
+)
+from cortex_ray.knowledge._reading import (
+    denied_collections,
+    readable_scope,
+    source_warnings,
+    warning_text,
 )
 from cortex_ray.knowledge._service import (
     KnowledgeService,
@@ -74,13 +87,16 @@ __all__ = [
     "PLAIN",
     "STOPWORDS",
     "VECTOR_DIM",
+    "WARNING_KINDS",
     "Analyzer",
     "Document",
+    "FindingKind",
     "Format",
     "Fusion",
     "GarbageReport",
     "Generation",
     "HealthEvent",
+    "HealthFinding",
     "HealthRecord",
     "KnowledgeService",
     "KnowledgeWriter",
@@ -94,6 +110,8 @@ __all__ = [
     "SearchResult",
     "SkipReason",
     "SourceFile",
+    "SourceHealthMonitor",
+    "SourceHealthReport",
     "SourceVersion",
     "Span",
     "SplitPassage",
@@ -101,6 +119,7 @@ __all__ = [
     "Splitter",
     "Tier",
     "citation",
+    "denied_collections",
     "detect_format",
     "fuse",
     "idf",
@@ -108,11 +127,14 @@ __all__ = [
     "list_files",
     "query_terms",
     "read_chunks",
+    "readable_scope",
     "scan_file",
+    "source_warnings",
     "split_bytes",
     "split_stream",
     "term_counts",
     "tf_factor",
     "tokenize",
     "vector_literal",
+    "warning_text",
 ]

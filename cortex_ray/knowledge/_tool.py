@@ -8,10 +8,10 @@ from typing import Any
 from cortex_ray._exceptions import AccessDeniedError, InvalidRequestError
 from cortex_ray._types import ActionType
 from cortex_ray.act import Tool, ToolContext
+from cortex_ray.knowledge._reading import readable_scope, source_warnings
 from cortex_ray.knowledge._service import KnowledgeService
 
 __all__ = ["knowledge_search_tool"]
-
 _TEXT_CHARS = 700
 
 
@@ -48,9 +48,17 @@ def knowledge_search_tool(
                     f"no published collection {wanted!r}: searched all of "
                     f"{', '.join(published)} instead"
                 )
+        # A collection with readers listed is searched only by them (and admins).
+        names = [scope] if isinstance(scope, str) else (None if scope is None else list(scope))
+        principal = ctx.principal
+        scope = await readable_scope(
+            service, ctx.org_id, principal.id, names, is_admin=principal.is_admin
+        )
         result = await service.search(
             ctx.org_id, args["query"], collection=scope, k=args.get("k", 5)
         )
+        async with service.db.connection() as conn:  # unhealthy sources: said with each hit
+            warnings = await source_warnings(conn, ctx.org_id, [h.source_id for h in result.hits])
         return {
             **({"note": note} if note else {}),
             "hits": [
@@ -63,6 +71,7 @@ def knowledge_search_tool(
                     "lines": [h.line_start, h.line_end],
                     "bytes": [h.byte_start, h.byte_end],
                     "score": round(h.score, 4),
+                    **({"warning": warnings[h.source_id]} if h.source_id in warnings else {}),
                 }
                 for h in result.hits
             ],

@@ -106,6 +106,8 @@ class SearchHit(_Frozen):
     dense_score: float | None = None
     rerank_score: float | None = None
     tiers: tuple[Tier, ...] = ()
+    warning: str | None = None
+    """Set when the source is unhealthy (its latest health report's findings)."""
 
 
 class SearchResult(_Frozen):
