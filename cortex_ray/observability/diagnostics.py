@@ -68,6 +68,8 @@ Writer = Callable[["Timeline", list[DiagnosticEvent]], Awaitable[None]]
 
 def _bounded(value: Any, limit: int) -> Any:
     """``value`` with every string cut to ``limit`` characters (after scrubbing)."""
+    if value is None or type(value) in _SCALARS:
+        return value  # first: the ABC checks below cost more than the rest
     if isinstance(value, str):
         return bound_text(value, limit)
     if isinstance(value, Mapping):
@@ -77,9 +79,12 @@ def _bounded(value: Any, limit: int) -> Any:
         if len(value) > 200:
             kept.append(f"[{len(value) - 200} more]")
         return kept
-    if value is None or isinstance(value, (bool, int, float)):
+    if isinstance(value, (bool, int, float)):
         return value
     return bound_text(str(value), limit)
+
+
+_SCALARS = frozenset({bool, int, float})
 
 
 @dataclass
