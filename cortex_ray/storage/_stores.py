@@ -837,14 +837,12 @@ class Store:
             for e in events
         ]
         async with self.db.transaction(durable=False) as conn, conn.cursor() as cur:
-            await cur.executemany(
-                """
-                INSERT INTO diagnostics (org_id, run_id, session_id, turn_id, seq, at, kind,
-                                         step, data)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
-                """,
-                rows,
-            )
+            async with cur.copy(  # one COPY, not one INSERT an event: ~3 events a step
+                "COPY diagnostics (org_id, run_id, session_id, turn_id, seq, at, kind, step,"
+                " data) FROM STDIN"
+            ) as copy:
+                for row in rows:
+                    await copy.write_row(row)
             now = datetime.now(UTC)
             if retention_days is not None and (
                 self._diagnostics_pruned is None
