@@ -81,6 +81,7 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> int:
     from actors import RayMetrics
 
     n, runs = args.steps, args.runs
+    load_at_start = os.getloadavg()[0]
     if args.otlp:
         os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = args.otlp
     base = Settings(
@@ -169,7 +170,8 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> int:
     print(
         f"observability overhead per autonomous step: {n} steps a run, {runs} runs per "
         f"configuration, interleaved; spans exported to the {exported}; metrics through "
-        "ray.util.metrics on a local Ray"
+        f"ray.util.metrics on a local Ray; load average {load_at_start:.1f} at the start, "
+        f"{os.getloadavg()[0]:.1f} at the end (the machine's other work shares its cores)"
     )
     off = statistics.median(per_step["OFF"])
     off_cpu = statistics.median(cpu["OFF"])

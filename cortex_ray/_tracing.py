@@ -14,6 +14,13 @@ span context (or be the current non-recording span itself), so the current span 
 seen inside is the one outside, and ``set_attribute`` on the yielded ``INVALID_SPAN`` is the
 no-op it was.
 
+Likewise under a sampled-out parent, when the provider's sampler follows the parent's
+decision (``ParentBased``, OpenTelemetry's default, and every ``parentbased_*`` sampler of
+``OTEL_TRACES_SAMPLER``): the SDK would consult the sampler, make a new non-recording span
+and swap it into the context, ~17 µs a span that nothing ever sees (issue 16, point 8: most
+of what a run sampled out still cost). The parent's non-recording span is yielded instead;
+its trace id and sampled flag, all that a caller can read from it, are the same.
+
 The runtime's provider is not made OpenTelemetry's global one on purpose: that can be set
 only once per process, and a process may open several runtimes (tests, the evaluation
 harness) or already have the program's own provider. Parenting does not depend on it: the
@@ -29,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
     GEN_AI_AGENT_ID,
     GEN_AI_AGENT_NAME,
@@ -104,6 +112,7 @@ _NO_PROVIDER = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _lock = threading.Lock()
 _active: list[trace.TracerProvider] = []
 _tracers: dict[int, trace.Tracer] = {}
+_parent_decides: dict[int, tuple[bool, bool]] = {}
 
 
 def activate_provider(provider: trace.TracerProvider) -> None:
@@ -118,6 +127,7 @@ def deactivate_provider(provider: trace.TracerProvider) -> None:
         if provider in _active:
             _active.remove(provider)
         _tracers.pop(id(provider), None)
+        _parent_decides.pop(id(provider), None)
 
 
 def active_provider() -> trace.TracerProvider | None:
@@ -128,8 +138,26 @@ def active_provider() -> trace.TracerProvider | None:
     return None if isinstance(provider, _NO_PROVIDER) else provider
 
 
+def _drops_unsampled_children(provider: trace.TracerProvider) -> tuple[bool, bool]:
+    """Whether ``provider`` records nothing under a not-sampled (local, remote) parent."""
+    found = _parent_decides.get(id(provider))
+    if found is None:
+        sampler = getattr(provider, "sampler", None)
+        found = (
+            (
+                getattr(sampler, "_local_parent_not_sampled", None) is ALWAYS_OFF,
+                getattr(sampler, "_remote_parent_not_sampled", None) is ALWAYS_OFF,
+            )
+            if isinstance(sampler, ParentBased)
+            else (False, False)
+        )
+        _parent_decides[id(provider)] = found
+    return found
+
+
 class _CycleTracer:
-    """``start_as_current_span`` of the ``cortex_ray`` tracer, or nothing without a provider."""
+    """``start_as_current_span`` of the ``cortex_ray`` tracer, or nothing without a provider
+    or under a sampled-out parent whose decision the sampler follows."""
 
     def _tracer(self) -> trace.Tracer | None:
         provider = active_provider()
@@ -139,6 +167,21 @@ class _CycleTracer:
         if found is None:
             found = _tracers[id(provider)] = provider.get_tracer("cortex_ray")
         return found
+
+    @staticmethod
+    def _sampled_out(context: object | None) -> trace.Span | None:
+        """The current span, when it is a sampled-out parent the new span would follow."""
+        if context is not None:
+            return None
+        current = trace.get_current_span()
+        ctx = current.get_span_context()
+        if not ctx.is_valid or ctx.trace_flags.sampled:
+            return None
+        provider = active_provider()
+        if provider is None:
+            return None
+        local, remote = _drops_unsampled_children(provider)
+        return current if (remote if ctx.is_remote else local) else None
 
     def start_as_current_span(
         self,
@@ -152,6 +195,8 @@ class _CycleTracer:
         found = self._tracer()
         if found is None:
             return nullcontext(trace.INVALID_SPAN)
+        if (parent := self._sampled_out(context)) is not None:
+            return nullcontext(parent)
         return found.start_as_current_span(
             name,
             attributes=attributes,

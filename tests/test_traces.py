@@ -234,6 +234,38 @@ async def test_a_run_started_inside_a_callers_span_joins_its_trace(
     assert names["caller"].depth == 0 and names["invoke_agent joiner"].depth == 1
 
 
+async def test_the_local_store_keeps_a_batch_sent_twice_once(db, store, org: str) -> None:
+    """A batch goes in with one COPY; one sent again (a lost reply) must not fail or
+    duplicate: it falls back to inserts that skip what is kept."""
+    import asyncio
+    from datetime import timedelta
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from cortex_ray.observability import PostgresSpanExporter
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    test_tracer = provider.get_tracer("test")
+    with (
+        test_tracer.start_as_current_span("outer", attributes={"cortex.org_id": org}),
+        test_tracer.start_as_current_span("inner", attributes={"n": (1, 2)}),
+    ):
+        pass
+    spans = memory.get_finished_spans()
+    exporter = PostgresSpanExporter(db.dsn, retention=timedelta(days=7))
+    try:
+        for _ in range(2):
+            assert (await asyncio.to_thread(exporter.export, spans)).name == "SUCCESS"
+    finally:
+        exporter.shutdown()
+    rows = await store.spans_of_trace(org, format(spans[0].context.trace_id, "032x"))
+    assert sorted(r["name"] for r in rows) == ["inner", "outer"]
+    inner = next(r for r in rows if r["name"] == "inner")
+    assert inner["attributes"] == {"n": [1, 2]} and inner["links"] == []
+
+
 # --- a real OTLP receiver ---------------------------------------------------------------------
 
 

@@ -108,12 +108,44 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
-# Every pattern above needs one of these in the text: one search rules out most strings
-# (words, ids, numbers as text) without running the fifteen substitutions.
+# Every pattern above needs one of these words in the lowercased text: one search rules
+# out most strings (words, ids, numbers as text) without running the fifteen substitutions.
+# Plain lowercase literals on lowercased text: ~0.6 µs for a short string, where the same
+# alternation case-insensitive (and with classes) took 6-9 µs, most of the scrubber's time.
 _TRIGGER = re.compile(
-    r"(?i)BEGIN|bearer|basic|eyJ|AKIA|ASIA|gh[pousr]_|github_pat_|sk-|xox|AIza|[sr]k_|crx_|"
-    r"://|pass|pwd|secret|token|key"
+    "|".join(
+        re.escape(word)
+        for word in (
+            "begin",
+            "bearer",
+            "basic",
+            "eyj",
+            "akia",
+            "asia",
+            "ghp_",
+            "gho_",
+            "ghu_",
+            "ghs_",
+            "ghr_",
+            "github_pat_",
+            "sk-",
+            "xox",
+            "aiza",
+            "sk_",
+            "rk_",
+            "crx_",
+            "://",
+            "pass",
+            "pwd",
+            "secret",
+            "token",
+            "key",
+        )
+    )
 )
+
+
+_SCALARS = frozenset({bool, int, float})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -127,7 +159,7 @@ def is_secret_key(key: str) -> bool:
 
 def scrub_text(text: str) -> str:
     """``text`` with every credential-shaped part replaced by ``[REDACTED]``."""
-    if _TRIGGER.search(text) is None:
+    if _TRIGGER.search(text.lower()) is None:
         return text
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
@@ -138,6 +170,8 @@ def scrub(value: Any) -> Any:
     """A copy of ``value`` (JSON-like: mappings, sequences, strings, scalars) with
     credential-named entries and credential-shaped text replaced; anything else passes
     through unchanged (nothing is stringified)."""
+    if value is None or type(value) in _SCALARS:
+        return value  # before the ABC checks below, which cost more than the scrubbing
     if isinstance(value, str):
         return scrub_text(value)
     if isinstance(value, Mapping):

@@ -39,9 +39,11 @@ __all__ = ["PostgresSpanExporter", "Tracing", "otlp_endpoint"]
 
 log = logging.getLogger("cortex_ray.tracing")
 
-_INSERT = """
-INSERT INTO trace_spans (trace_id, span_id, parent_span_id, name, kind, start_time, end_time,
-                         status, status_message, attributes, links, org_id, run_id, session_id)
+_COLUMNS = """trace_id, span_id, parent_span_id, name, kind, start_time, end_time, status,
+               status_message, attributes, links, org_id, run_id, session_id"""
+_COPY = f"COPY trace_spans ({_COLUMNS}) FROM STDIN"
+_INSERT = f"""
+INSERT INTO trace_spans ({_COLUMNS})
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s)
 ON CONFLICT DO NOTHING
 """
@@ -61,19 +63,19 @@ def _when(ns: int | None) -> datetime:
     return datetime.fromtimestamp((ns or 0) / 1e9, UTC)
 
 
-def _jsonable(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
+def _jsonable(attributes: Any) -> dict[str, Any]:
+    return {k: list(v) if type(v) is tuple else v for k, v in attributes.items()}
 
 
 def span_row(span: ReadableSpan) -> tuple[Any, ...]:
     ctx = span.get_span_context()
     assert ctx is not None
-    attributes = {k: _jsonable(v) for k, v in (span.attributes or {}).items()}
+    attributes = _jsonable(span.attributes) if span.attributes else {}
     links = [
         {
             "trace_id": format(link.context.trace_id, "032x"),
             "span_id": format(link.context.span_id, "016x"),
-            "attributes": {k: _jsonable(v) for k, v in (link.attributes or {}).items()},
+            "attributes": _jsonable(link.attributes) if link.attributes else {},
         }
         for link in span.links
     ]
@@ -88,7 +90,7 @@ def span_row(span: ReadableSpan) -> tuple[Any, ...]:
         span.status.status_code.name,
         span.status.description,
         json.dumps(attributes, default=str),
-        json.dumps(links),
+        json.dumps(links) if links else "[]",
         attributes.get("cortex.org_id"),
         attributes.get("cortex.run_id"),
         attributes.get("cortex.session_id"),
@@ -97,7 +99,15 @@ def span_row(span: ReadableSpan) -> tuple[Any, ...]:
 
 class PostgresSpanExporter(SpanExporter):
     """Writes finished spans into ``trace_spans`` (called from the batch processor's thread,
-    one batch at a time) and prunes rows past the retention about once an hour."""
+    one batch at a time) and prunes rows past the retention about once an hour.
+
+    A batch goes in with one ``COPY`` (a span kept already, which only a batch sent again
+    could be, falls back to row-by-row inserts that skip it), committed without waiting for
+    the WAL flush (``synchronous_commit = off``): spans are telemetry, and a database crash
+    may lose the last fraction of a second of them but never leaves a half-written batch.
+    Measured on the 144 spans of a 16-step run (issue 16, point 8): ~17 µs of client CPU,
+    ~7 µs of server CPU and ~64 µs of wall time a span, where one INSERT a span took ~23,
+    ~16 and ~84."""
 
     def __init__(self, dsn: str, *, retention: timedelta) -> None:
         self._dsn = dsn
@@ -108,7 +118,8 @@ class PostgresSpanExporter(SpanExporter):
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self._dsn, connect_timeout=5)
+            self._conn = psycopg.connect(self._dsn, connect_timeout=5, autocommit=True)
+            self._conn.execute("SET synchronous_commit = off")
         return self._conn
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -117,11 +128,16 @@ class PostgresSpanExporter(SpanExporter):
         with self._lock:
             try:
                 conn = self._connection()
-                with conn.transaction(), conn.cursor() as cur:
-                    cur.executemany(_INSERT, rows)
-                    if self._pruned is None or now - self._pruned > timedelta(hours=1):
-                        cur.execute(_PRUNE, (now - self._retention,))
-                        self._pruned = now
+                try:
+                    with conn.transaction(), conn.cursor() as cur, cur.copy(_COPY) as copy:
+                        for row in rows:
+                            copy.write_row(row)
+                except psycopg.errors.UniqueViolation:
+                    with conn.transaction(), conn.cursor() as cur:
+                        cur.executemany(_INSERT, rows)
+                if self._pruned is None or now - self._pruned > timedelta(hours=1):
+                    conn.execute(_PRUNE, (now - self._retention,))
+                    self._pruned = now
             except psycopg.Error as exc:
                 # never the run's problem: the spans are lost, the run is not
                 log.warning("could not keep %d spans locally: %s", len(rows), exc)

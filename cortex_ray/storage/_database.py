@@ -283,9 +283,18 @@ class Database:
             yield conn
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Conn]:
-        """A connection inside one transaction: committed on success, rolled back on error."""
+    async def transaction(self, *, durable: bool = True) -> AsyncIterator[Conn]:
+        """A connection inside one transaction: committed on success, rolled back on error.
+
+        ``durable=False`` is for telemetry (diagnostic events, a run's trace bookkeeping):
+        the commit does not wait for the WAL to reach the disk (``synchronous_commit =
+        off``), so a crash of the database may lose the last fraction of a second of such
+        writes (never part of one, and the next durable commit makes them durable too). On
+        these machines a waited-for commit took ~4 ms, against ~0.25 ms (issue 16, point 8).
+        """
         async with self._pool.connection() as conn, conn.transaction():
+            if not durable:
+                await conn.execute("SET LOCAL synchronous_commit = off")
             yield conn
 
     async def close(self) -> None:

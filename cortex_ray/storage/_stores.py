@@ -871,21 +871,20 @@ class Store:
         turn_id: UUID | None = None,
         retention_days: float | None = None,
     ) -> None:
-        """Append timeline events (already scrubbed and bounded); with ``retention_days``,
-        delete rows older than that about once an hour."""
+        """Append timeline events (already scrubbed and bounded; committed as telemetry, see
+        ``Database.transaction``); with ``retention_days``, delete rows older than that
+        about once an hour."""
         rows = [
             (org_id, run_id, session_id, turn_id, e.seq, e.at, e.kind, e.step, Jsonb(e.data))
             for e in events
         ]
-        async with self.db.transaction() as conn, conn.cursor() as cur:
-            await cur.executemany(
-                """
-                INSERT INTO diagnostics (org_id, run_id, session_id, turn_id, seq, at, kind,
-                                         step, data)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
-                """,
-                rows,
-            )
+        async with self.db.transaction(durable=False) as conn, conn.cursor() as cur:
+            async with cur.copy(  # one COPY, not one INSERT an event: ~3 events a step
+                "COPY diagnostics (org_id, run_id, session_id, turn_id, seq, at, kind, step,"
+                " data) FROM STDIN"
+            ) as copy:
+                for row in rows:
+                    await copy.write_row(row)
             now = datetime.now(UTC)
             if retention_days is not None and (
                 self._diagnostics_pruned is None
@@ -924,7 +923,7 @@ class Store:
 
     async def set_trace_attempt(self, org_id: str, run_id: UUID, span_id: str) -> None:
         """Remember the span id of the attempt now driving the run (the next links to it)."""
-        async with self.db.connection() as conn:
+        async with self.db.transaction(durable=False) as conn:
             await conn.execute(
                 "UPDATE task_runs SET trace_attempt = %s WHERE org_id = %s AND id = %s",
                 (span_id, org_id, run_id),
