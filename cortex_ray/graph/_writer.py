@@ -9,13 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any, Self
+from typing import Any
 from uuid import UUID
 
-import psycopg
-from psycopg.rows import dict_row
-
-from cortex_ray._exceptions import StorageError
+from cortex_ray._sync import SyncConn, SyncConnection
 from cortex_ray.graph._extract import EXTRACTOR_VERSION, extract_mentions, facts_from_mentions
 
 __all__ = ["DETERMINISTIC", "GraphWriter", "SourceExtraction", "assert_rows"]
@@ -24,8 +21,6 @@ DETERMINISTIC = "deterministic"
 """The extraction method of the rule-based extractor."""
 
 _BATCH = 2000  # assertions per graph_assert call
-
-SyncConn = psycopg.Connection[dict[str, Any]]
 
 
 def assert_rows(
@@ -54,32 +49,8 @@ class SourceExtraction:
         self.detail = detail
 
 
-class GraphWriter:
+class GraphWriter(SyncConnection):
     """One connection (autocommit; each write is its own transaction). Not thread-safe."""
-
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-        self._conn: SyncConn | None = None
-
-    @property
-    def conn(self) -> SyncConn:
-        if self._conn is None or self._conn.closed:
-            try:
-                self._conn = psycopg.connect(self.dsn, row_factory=dict_row, autocommit=True)
-            except psycopg.OperationalError as exc:
-                raise StorageError(f"cannot reach the database: {exc}") from exc
-        return self._conn
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def begin_run(
         self,

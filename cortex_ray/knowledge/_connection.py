@@ -8,19 +8,18 @@ process.
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
-from cortex_ray._exceptions import InvalidRequestError, NotFoundError, StorageError
-from cortex_ray.knowledge._sql import SyncConn
+from cortex_ray._exceptions import InvalidRequestError, NotFoundError
+from cortex_ray._sync import SyncConn, SyncConnection
 from cortex_ray.knowledge._types import Generation, SourceVersion
 
 __all__ = ["WriterConnection"]
 
 
-class WriterConnection:
+class WriterConnection(SyncConnection):
     """The connection and the cached lookups that the writer's parts share.
 
     Args:
@@ -28,8 +27,7 @@ class WriterConnection:
     """
 
     def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-        self._conn: SyncConn | None = None
+        super().__init__(dsn)
         self._generations: dict[int, Generation] = {}
         self._ensured: set[tuple[str, str]] = set()  # collections known to exist
         self._collection_ids: dict[tuple[str, str], int] = {}
@@ -37,28 +35,6 @@ class WriterConnection:
         # publish forgets it, since a publication changes it).
         self._avgdl: dict[tuple[str, str], float] = {}
         self._seen: dict[tuple[str, str], list[int]] = {}  # [passages, total length]
-
-    @property
-    def conn(self) -> SyncConn:
-        """The writer's connection (autocommit; opened, or reopened, on first use)."""
-        if self._conn is None or self._conn.closed:
-            try:
-                self._conn = psycopg.connect(self.dsn, row_factory=dict_row, autocommit=True)
-            except psycopg.OperationalError as exc:
-                raise StorageError(f"cannot reach the database: {exc}") from exc
-        return self._conn
-
-    def close(self) -> None:
-        """Close the connection (a later use opens a new one)."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _one(self, sql: str, params: Any = None) -> dict[str, Any] | None:
         return self.conn.execute(sql, params).fetchone()

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import psycopg
 from numpy.typing import NDArray
 from psycopg import sql
 
+from cortex_ray._sync import SyncConn
 from cortex_ray.knowledge._bm25 import BM25_B, BM25_K1
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "vector_literal",
 ]
 
-SyncConn = psycopg.Connection[dict[str, Any]]
 DIM = 384
 
 
