@@ -1,8 +1,7 @@
-"""The synchronous graph writer jobs use: extraction runs and a source version's facts.
-
-Every write goes through ``graph_assert`` (migration 0017): entities, aliases, assertions,
-the closing of contradicted ones and their outbox rows, in one transaction.
-"""
+"""The synchronous graph writer jobs use: extraction runs, a source version's facts, the
+extractors' ledger, and the published versions and passages they read. Every write goes
+through ``graph_assert`` (migration 0017): entities, aliases, assertions, the closing of
+contradicted ones and their outbox rows, in one transaction."""
 
 from __future__ import annotations
 
