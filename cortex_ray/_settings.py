@@ -165,6 +165,10 @@ class RetrievalConfig(BaseModel):
     bm25_identifiers: bool = True
     """BM25 analyzer of new collections: snake_case, camelCase, dotted and kebab names give
     their whole and their parts as terms."""
+    health_check_interval_s: float | None = Field(default=900.0, gt=0)
+    """Where the API runs, how often the source health monitor checks each collection that
+    has a freshness policy (a collection checked more recently is left alone); unset: never
+    (docs/graph.md, "Source health")."""
 
 
 class SessionPolicy(BaseModel):
@@ -343,6 +347,34 @@ class IngestJobOptions(BaseModel):
         default=True,
         description="extract the context graph's facts from each written version "
         "(the deterministic extractor; docs/graph.md)",
+    )
+    # The model-based extractor (python -m jobs.graph_extract; off unless that job is run).
+    graph_model_batch: int = Field(
+        default=4, ge=1, le=64, description="passages per model call of jobs.graph_extract"
+    )
+    graph_model_batch_chars: int = Field(
+        default=6000, ge=200, description="characters of passage text per model call, at most"
+    )
+    graph_model_actors: int = Field(
+        default=1, ge=1, description="jobs.graph_extract's actors (each opens the model once)"
+    )
+    graph_model_in_flight: int = Field(
+        default=2, ge=1, le=64, description="model calls each extractor actor keeps going"
+    )
+    graph_model_num_gpus: float = Field(
+        default=0.0, ge=0, description="GPUs each extractor actor reserves (model_backend=local)"
+    )
+    graph_model_confidence: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="confidence of a model-extracted fact (rule-based facts have 0.9-1.0)",
+    )
+    graph_model_retries: int = Field(
+        default=1, ge=0, le=5, description="retries of a model answer that does not validate"
+    )
+    graph_model_max_tokens: int = Field(
+        default=1024, ge=64, description="the longest answer of one model call, in tokens"
     )
 
 

@@ -44,7 +44,7 @@ from cortex_ray import (
     reclaim_signals,
     stop_on_signals,
 )
-from cortex_ray.graph import GraphWriter
+from cortex_ray.graph import DETERMINISTIC, EXTRACTOR_VERSION, GraphWriter
 from cortex_ray.knowledge import (
     DEFAULT_MAX_LINE_BYTES,
     DEFAULT_MAX_PASSAGE_BYTES,
@@ -62,6 +62,7 @@ from cortex_ray.observability import (
 )
 from cortex_ray.storage import EmbeddedPostgres, migrate
 from jobs._pipeline import (
+    ROW_SCHEMA,
     IngestOptions,
     SectionWriter,
     SourceFilesDatasource,
@@ -70,7 +71,7 @@ from jobs._pipeline import (
     unit_size,
 )
 
-__all__ = ["IngestReport", "Progress", "main", "run_ingest"]
+__all__ = ["GraphOnlyReport", "IngestReport", "Progress", "main", "run_graph_only", "run_ingest"]
 
 log = logging.getLogger("cortex_ray.jobs.ingest")
 
@@ -343,6 +344,85 @@ def _ingest(
     return report
 
 
+@dataclass
+class GraphOnlyReport:
+    """The outcome of a ``--graph-only`` pass (docs/graph.md)."""
+
+    org: str
+    collection: str
+    run: int
+    published: int = 0  # published versions the rule-based extractor had not extracted yet
+    files: int = 0  # of those, found under the paths and extracted
+    assertions: int = 0  # facts found in them
+    changed: list[str] = field(default_factory=list)  # on disk, not the published content
+    not_found: list[str] = field(default_factory=list)  # published, not under the paths
+    seconds: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str)
+
+
+def run_graph_only(
+    org: str, collection: str, paths: Sequence[Path], *, dsn: str
+) -> GraphOnlyReport:
+    """The deterministic extractor over the collection's published versions that it has
+    not extracted (``rules-N``), without ingesting: each version's file is found under
+    ``paths`` by its registry key and read again (its content hash must be the version's),
+    on Ray Data tasks, the ingestion's ``extract_graph`` stage. Idempotent: an extracted
+    version is in the ledger and skipped next time, and a fact is never written twice.
+    A file that changed since is reported, not extracted (the next ingestion extracts it)."""
+    import ray
+
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise InvalidRequestError(f"no such file or folder: {', '.join(missing)}")
+    started = time.perf_counter()
+    on_disk = {f.key: f for f in list_files(paths)}
+    with GraphWriter(dsn) as writer:
+        todo = writer.published_versions(
+            org, collection=collection, method=DETERMINISTIC, method_version=EXTRACTOR_VERSION
+        )
+        run = writer.begin_run(org, collection=collection)
+        report = GraphOnlyReport(org, collection, run, published=len(todo))
+        report.not_found = [v.key for v in todo if v.key not in on_disk]
+        rows = [
+            {"kind": "file", "key": v.key, "status": "written", "source_id": v.source_id,
+             "version": v.version, "path": on_disk[v.key].path}
+            for v in todo
+            if v.key in on_disk
+        ]  # fmt: skip
+        try:
+            if rows:
+                if not ray.is_initialized():
+                    ray.init()
+                table = pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
+                blocks = max(1, min(len(rows) // 64, 64))  # tasks of about 64 files
+                # (map_batches is typed for plain callables; extract_graph takes keywords)
+                ds: Any = ray.data.from_arrow(table).repartition(blocks)
+                ds = ds.map_batches(
+                    extract_graph,
+                    fn_kwargs={"dsn": _bulk_dsn(dsn), "org_id": org, "run_id": run},
+                    batch_size=None,
+                    batch_format="pyarrow",
+                )
+                for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                    assert isinstance(batch, pa.Table)
+                    for row in batch.to_pylist():
+                        if row["kind"] != "graph":
+                            continue
+                        if row["status"] == "extracted":
+                            report.files += 1
+                            report.assertions += row["assertions"] or 0
+                        else:
+                            report.changed.append(row["key"])
+        except BaseException as exc:
+            writer.finish_run(org, run, failed=repr(exc)[:500])
+            raise
+        writer.finish_run(org, run)
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report
+
+
 def _count(
     row: dict[str, Any],
     report: IngestReport,
@@ -524,6 +604,14 @@ def main(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Check and split only: no database, no writes.")
     ] = False,
+    graph_only: Annotated[
+        bool,
+        typer.Option(
+            "--graph-only",
+            help="Only extract the graph's facts from the published versions not extracted yet "
+            "(their files under PATHS); nothing is ingested.",
+        ),
+    ] = False,
 ) -> None:
     """Ingest PATHS into a collection: stream, split, write, publish."""
     import ray
@@ -550,6 +638,9 @@ def main(
     except InvalidRequestError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if graph_only and dry_run:
+        typer.echo("error: --graph-only writes facts; it does not go with --dry-run", err=True)
+        raise typer.Exit(2)
     try:
         dsn, embedded = (None, None) if dry_run else _resolve_dsn(database_url, settings)
     except CortexError as exc:
@@ -572,19 +663,23 @@ def main(
                 ray.init(num_cpus=job.num_cpus, log_to_driver=False)
             started_ray = True
             reclaim_signals()  # ray.init replaced SIGTERM's handler
-        with _Reporter(progress) as reporter:
-            report = run_ingest(
-                org,
-                collection,
-                paths,
-                dsn=dsn,
-                embed=job.embed,
-                on_progress=reporter,
-                max_passage_bytes=job.max_passage_bytes,
-                max_line_bytes=job.max_line_bytes,
-                object_store_budget_bytes=job.object_store_budget_bytes,
-                graph=job.graph,
-            )
+        if graph_only:
+            assert dsn is not None
+            report: IngestReport | GraphOnlyReport = run_graph_only(org, collection, paths, dsn=dsn)
+        else:
+            with _Reporter(progress) as reporter:
+                report = run_ingest(
+                    org,
+                    collection,
+                    paths,
+                    dsn=dsn,
+                    embed=job.embed,
+                    on_progress=reporter,
+                    max_passage_bytes=job.max_passage_bytes,
+                    max_line_bytes=job.max_line_bytes,
+                    object_store_budget_bytes=job.object_store_budget_bytes,
+                    graph=job.graph,
+                )
     except InvalidRequestError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -50,7 +50,7 @@ from cortex_ray import (
     load_settings,
 )
 from cortex_ray.evals import EvalRun, EvalSuite, EvalSuiteSummary, RunComparison
-from cortex_ray.knowledge import Fusion
+from cortex_ray.knowledge import Fusion, HealthSweeper, SourceHealthMonitor
 from cortex_ray.storage import TurnRecord, TurnStatus
 from serve._errors import ApiProblem, error_response, install_error_handlers, report
 from serve._schemas import (
@@ -478,6 +478,11 @@ def create_app(
             supervisor = RunSupervisor(state.runtime, state.executor)
             await supervisor.start()
             stack.push_async_callback(supervisor.aclose)
+            every = state.runtime.settings.knowledge.health_check_interval_s
+            if every is not None:  # the source health monitor, on a schedule (docs/graph.md)
+                sweeper = HealthSweeper(SourceHealthMonitor(state.runtime.db), every)
+                await sweeper.start()
+                stack.push_async_callback(sweeper.aclose)
             log.info("cortex-ray API ready (executor: %s)", type(state.executor).__name__)
             try:
                 yield

@@ -134,3 +134,70 @@ def report_time(dsn: str, org: str) -> Any:
         "SELECT min(finished_at) AS t FROM graph_extraction_runs WHERE org_id = %s",
         org,
     )[0]["t"]
+
+
+@pytest.mark.integration
+def test_graph_only_extracts_published_versions_once_without_ingesting(
+    ray_cluster: object, db: Database, org: str, tmp_path: Path
+) -> None:
+    """A collection ingested without the stage gets its facts from a ``--graph-only`` pass
+    over its published versions; a rerun finds nothing to do; a file changed on disk since
+    is reported, not extracted."""
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from jobs.ingest import main as ingest_main
+    from jobs.ingest import run_graph_only, run_ingest
+
+    main = typer.Typer()
+    main.command()(ingest_main)
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "runbook.md").write_text(DOC)
+    (corpus / "notes.txt").write_text("Contact lead@example.com.\n")
+    (corpus / "later.md").write_text("See OPS-9.\n")
+    ingested = run_ingest(org, "old", [corpus], dsn=db.dsn, embed=False, graph=False)
+    assert ingested.graph is None
+    generations = _rows(db.dsn, "SELECT count(*) AS n FROM kb_generations WHERE org_id = %s", org)
+    (corpus / "later.md").write_text("Changed since: OPS-10.\n")
+
+    report = run_graph_only(org, "old", [corpus], dsn=db.dsn)
+    assert (report.published, report.files, report.changed) == (3, 2, ["corpus/later.md"])
+    facts = _rows(
+        db.dsn,
+        """
+        SELECT a.*, s.path AS key, o.canonical_name AS object FROM graph_assertions a
+        JOIN kb_sources s ON s.org_id = a.org_id AND s.id = a.source_id
+        JOIN graph_entities o ON o.org_id = a.org_id AND o.id = a.object_id
+        WHERE a.org_id = %s
+        """,
+        org,
+    )
+    assert len(facts) == report.assertions > 10
+    files = {"corpus/runbook.md": DOC.encode(), "corpus/notes.txt": b"Contact lead@example.com.\n"}
+    for f in facts:
+        assert files[f["key"]][f["byte_start"] : f["byte_end"]].decode() == f["object"]
+    # Nothing was ingested: no new generation.
+    assert (
+        _rows(db.dsn, "SELECT count(*) AS n FROM kb_generations WHERE org_id = %s", org)
+        == generations
+    )
+
+    # Rerun through the command line: the two extracted versions are in the ledger.
+    result = CliRunner().invoke(
+        main,
+        ["--org", org, "--collection", "old", "--graph-only", "--database-url", db.dsn,
+         str(corpus)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    again = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (again["published"], again["files"], again["changed"]) == (1, 0, ["corpus/later.md"])
+    count = _rows(db.dsn, "SELECT count(*) AS n FROM graph_assertions WHERE org_id = %s", org)
+    assert count[0]["n"] == len(facts)
+    bad = CliRunner().invoke(
+        main, ["--org", org, "--collection", "old", "--graph-only", "--dry-run", str(corpus)]
+    )
+    assert bad.exit_code == 2 and "--graph-only" in bad.output

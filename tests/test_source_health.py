@@ -186,3 +186,33 @@ async def test_the_health_routes(
             json={"expectedIntervalS": -1},
         )  # fmt: skip
         assert r.status_code == 422
+
+
+async def test_the_scheduled_sweep_checks_collections_with_a_policy_when_due(
+    db: Database, org: str
+) -> None:
+    """``HealthSweeper`` (started where the API runs) checks each collection that has a
+    freshness policy once its last report is an interval old; others never."""
+    from cortex_ray.knowledge import HealthSweeper
+
+    await asyncio.to_thread(publish, db.dsn, org)
+    with KnowledgeWriter(db.dsn) as writer:
+        ingest(writer, org, "unwatched", {"a.md": b"# A\n\nNo policy here.\n"})
+    monitor = SourceHealthMonitor(db)
+    await monitor.set_policy(org, "docs", 3600)
+    sweeper = HealthSweeper(monitor, interval_s=600)
+    t0 = datetime.now(UTC)
+
+    first = await sweeper.sweep(now=t0)
+    latest = await monitor.latest(org, "docs")
+    assert latest is not None and latest.id in {r.id for r in first}
+    assert {f.kind for f in latest.findings if f.path == "gone.md"} == {"DOWN"}
+    assert await monitor.latest(org, "unwatched") is None
+
+    await sweeper.sweep(now=t0 + timedelta(seconds=60))  # not due yet
+    assert (await monitor.latest(org, "docs")).id == latest.id  # type: ignore[union-attr]
+
+    later = await sweeper.sweep(now=t0 + timedelta(seconds=601))
+    again = await monitor.latest(org, "docs")
+    assert again is not None and again.id != latest.id and again.id in {r.id for r in later}
+    assert await monitor.latest(org, "unwatched") is None

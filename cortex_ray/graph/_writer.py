@@ -1,8 +1,7 @@
-"""The synchronous graph writer jobs use: extraction runs and a source version's facts.
-
-Every write goes through ``graph_assert`` (migration 0017): entities, aliases, assertions,
-the closing of contradicted ones and their outbox rows, in one transaction.
-"""
+"""The synchronous graph writer jobs use: extraction runs, a source version's facts, the
+extractors' ledger, and the published versions and passages they read. Every write goes
+through ``graph_assert`` (migration 0017): entities, aliases, assertions, the closing of
+contradicted ones and their outbox rows, in one transaction."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from uuid import UUID
 
 from cortex_ray._sync import SyncConn, SyncConnection
 from cortex_ray.graph._extract import EXTRACTOR_VERSION, extract_mentions, facts_from_mentions
+from cortex_ray.graph._model_extract import Passage, PublishedVersion
 
 __all__ = ["DETERMINISTIC", "GraphWriter", "SourceExtraction", "assert_rows"]
 
@@ -74,8 +74,11 @@ class GraphWriter(SyncConnection):
         assert row is not None
         return int(row["id"])
 
-    def finish_run(self, org_id: str, run_id: int, *, failed: str | None = None) -> None:
-        """DONE (or FAILED with the reason); the counts are the run's assertions."""
+    def finish_run(
+        self, org_id: str, run_id: int, *, failed: str | None = None, detail: str = ""
+    ) -> None:
+        """DONE (or FAILED with the reason); the counts are the run's assertions. ``detail``
+        (what a DONE run reports beyond them) is kept after the failure's reason."""
         self.conn.execute(
             """
             UPDATE graph_extraction_runs r SET status = %s, detail = %s, finished_at = now(),
@@ -85,7 +88,12 @@ class GraphWriter(SyncConnection):
                               FROM graph_assertions a WHERE a.org_id = r.org_id AND a.run_id = r.id)
             WHERE org_id = %s AND id = %s
             """,
-            ("FAILED" if failed else "DONE", failed or "", org_id, run_id),
+            (
+                "FAILED" if failed else "DONE",
+                " ".join(part for part in (failed, detail) if part),
+                org_id,
+                run_id,
+            ),
         )
 
     def extract_source(
@@ -120,7 +128,7 @@ class GraphWriter(SyncConnection):
         }
         outcomes: list[SourceExtraction] = []
         rows: list[dict[str, Any]] = []
-        extracted: list[tuple[str, int, Any]] = []
+        extracted: list[tuple[tuple[str, int, Any], int]] = []
         for source_id, version, path in versions:
             row = known.get((str(source_id), version))
             if row is None:
@@ -138,17 +146,116 @@ class GraphWriter(SyncConnection):
                 "valid_from": row["created_at"].isoformat(),
             }
             rows += [{**base, **fact} for fact in found]
-            extracted.append((str(source_id), version, row["created_at"]))
+            extracted.append(((str(source_id), version, row["created_at"]), len(found)))
             outcomes.append(SourceExtraction("extracted", len(found)))
         if extracted:
             with self.conn.transaction():
                 assert_rows(self.conn, org_id, run_id, rows)
-                for source_id, version, at in extracted:
+                for (source_id, version, at), facts in extracted:
                     self.conn.execute(
                         "SELECT graph_close_superseded(%s, %s, %s, %s, %s)",
                         (org_id, source_id, version, DETERMINISTIC, at),
                     )
+                    self.conn.execute(
+                        _LEDGER,
+                        (org_id, source_id, version, DETERMINISTIC, EXTRACTOR_VERSION, run_id,
+                         0, facts),
+                    )  # fmt: skip
         return outcomes
+
+    def published_versions(
+        self,
+        org_id: str,
+        *,
+        collection: str | None = None,
+        source_ids: Sequence[UUID | str] = (),
+        since_version: int | None = None,
+        method: str,
+        method_version: str,
+    ) -> list[PublishedVersion]:
+        """The source versions published generations serve (of ``collection``, of
+        ``source_ids``, numbered ``since_version`` or later) that ``method`` at
+        ``method_version`` has not extracted yet, in collection and path order."""
+        rows = self.conn.execute(
+            """
+            SELECT gs.source_id, gs.version, s.path AS key, s.collection, v.created_at
+            FROM kb_collections c
+            JOIN kb_generation_sources gs
+              ON gs.org_id = c.org_id AND gs.generation = c.published_generation
+            JOIN kb_sources s ON s.org_id = gs.org_id AND s.id = gs.source_id
+            JOIN kb_source_versions v
+              ON v.org_id = gs.org_id AND v.source_id = gs.source_id AND v.version = gs.version
+            WHERE c.org_id = %(org)s
+              AND (%(collection)s::text IS NULL OR c.name = %(collection)s)
+              AND (cardinality(%(sources)s::uuid[]) = 0 OR gs.source_id = ANY(%(sources)s))
+              AND (%(since)s::int IS NULL OR gs.version >= %(since)s)
+              AND NOT EXISTS (
+                  SELECT 1 FROM graph_extracted_versions x
+                  WHERE x.org_id = gs.org_id AND x.source_id = gs.source_id
+                    AND x.version = gs.version AND x.method = %(method)s
+                    AND x.method_version = %(method_version)s)
+            ORDER BY s.collection, s.path
+            """,
+            {
+                "org": org_id,
+                "collection": collection,
+                "sources": [str(s) for s in source_ids],
+                "since": since_version,
+                "method": method,
+                "method_version": method_version,
+            },
+        ).fetchall()
+        return [
+            PublishedVersion(
+                str(r["source_id"]), r["version"], r["key"], r["collection"], r["created_at"]
+            )
+            for r in rows
+        ]
+
+    def passages(self, org_id: str, source_id: UUID | str, version: int) -> list[Passage]:
+        """A version's passages in order (their text is the file's exact bytes)."""
+        return [
+            Passage(str(source_id), version, r["ordinal"], r["text"], r["byte_start"],
+                    r["line_start"])
+            for r in self.conn.execute(
+                "SELECT ordinal, text, byte_start, line_start FROM kb_passages "
+                "WHERE org_id = %s AND source_id = %s AND version = %s ORDER BY ordinal",
+                (org_id, str(source_id), version),
+            )
+        ]  # fmt: skip
+
+    def write_version(
+        self,
+        org_id: str,
+        run_id: int,
+        version: PublishedVersion,
+        rows: Sequence[dict[str, Any]],
+        *,
+        method: str,
+        method_version: str,
+        passages: int,
+    ) -> dict[str, int]:
+        """One transaction: the version's facts (``rows``, ``graph_assert``'s objects
+        without method, version and valid time), the closing of what older versions of the
+        source asserted by ``method``, and the ledger row that marks the version extracted
+        by ``method`` at ``method_version`` (also when ``rows`` is empty)."""
+        base = {
+            "method": method,
+            "method_version": method_version,
+            "valid_from": version.created_at.isoformat(),
+        }
+        with self.conn.transaction():
+            totals = assert_rows(self.conn, org_id, run_id, [{**r, **base} for r in rows])
+            self.conn.execute(
+                "SELECT graph_close_superseded(%s, %s, %s, %s, %s)",
+                (org_id, version.source_id, version.version, method, version.created_at),
+            )
+            self.conn.execute(
+                _LEDGER,
+                (org_id, version.source_id, version.version, method, method_version, run_id,
+                 passages, totals["assertions"]),
+            )  # fmt: skip
+        return totals
 
 
 def _facts(path: str, version: dict[str, Any]) -> list[dict[str, Any]] | SourceExtraction:
@@ -183,3 +290,10 @@ def _hashed(f: Any, digest: Any) -> Iterator[bytes]:
     for line in f:
         digest.update(line)
         yield line
+
+
+_LEDGER = """
+INSERT INTO graph_extracted_versions
+    (org_id, source_id, version, method, method_version, run_id, passages, assertions)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING
+"""

@@ -23,6 +23,7 @@ from cortex_ray.knowledge._health import (
     WARNING_KINDS,
     FindingKind,
     HealthFinding,
+    HealthSweeper,
     SourceHealthMonitor,
     SourceHealthReport,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "HealthEvent",
     "HealthFinding",
     "HealthRecord",
+    "HealthSweeper",
     "KnowledgeService",
     "KnowledgeWriter",
     "LineTooLongError",

@@ -18,6 +18,9 @@ the content is confirmed current), else the version's registration time.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -31,6 +34,7 @@ __all__ = [
     "WARNING_KINDS",
     "FindingKind",
     "HealthFinding",
+    "HealthSweeper",
     "SourceHealthMonitor",
     "SourceHealthReport",
 ]
@@ -42,6 +46,8 @@ WARNING_KINDS: frozenset[str] = frozenset(
     {"STALE", "EXPIRED", "DEGRADED", "DOWN", "PERMISSION_DENIED"}
 )
 """The findings that make a source unhealthy: its hits and facts carry a warning."""
+
+log = logging.getLogger("cortex_ray.knowledge.health")
 
 EXPIRY_INTERVALS = 4.0
 """A source expires after this many expected intervals unless its policy says otherwise."""
@@ -173,6 +179,39 @@ class SourceHealthMonitor:
             findings=findings,
         )
 
+    async def check_due(
+        self, interval_s: float, *, now: datetime | None = None
+    ) -> list[SourceHealthReport]:
+        """Check every collection (of every organisation) that has a freshness policy and
+        no report younger than ``interval_s``; the reports, oldest check first.
+
+        Two sweepers racing may both check a collection: one extra report, nothing lost.
+        """
+        now = now or datetime.now(UTC)
+        async with self.db.connection() as conn:
+            due = await (
+                await conn.execute(
+                    """
+                    SELECT p.org_id, p.collection, max(r.checked_at) AS last
+                    FROM (SELECT DISTINCT org_id, collection FROM kb_freshness_policies) p
+                    LEFT JOIN kb_health_reports r
+                      ON r.org_id = p.org_id AND r.collection = p.collection
+                    GROUP BY p.org_id, p.collection
+                    HAVING max(r.checked_at) IS NULL
+                        OR max(r.checked_at) <= %s - make_interval(secs => %s)
+                    ORDER BY max(r.checked_at) NULLS FIRST, p.org_id, p.collection
+                    """,
+                    (now, interval_s),
+                )
+            ).fetchall()
+        reports = []
+        for row in due:
+            try:
+                reports.append(await self.check(row["org_id"], row["collection"], now=now))
+            except NotFoundError:  # the collection went away meanwhile
+                continue
+        return reports
+
     async def latest(self, org_id: str, collection: str) -> SourceHealthReport | None:
         """The collection's latest report, or ``None`` before its first check."""
         async with self.db.connection() as conn:
@@ -210,6 +249,49 @@ class SourceHealthMonitor:
                 for r in rows
             ],
         )
+
+
+class HealthSweeper:
+    """Runs the monitor's due checks every ``interval_s`` in the background, where the API
+    runs (``serve.create_app`` starts one when ``knowledge.health_check_interval_s`` is set).
+
+    It wakes every ``min(interval_s, 60)`` seconds, so a new freshness policy is checked
+    within a minute, and a collection is checked again once its last report is
+    ``interval_s`` old (however many processes sweep).
+    """
+
+    def __init__(self, monitor: SourceHealthMonitor, interval_s: float) -> None:
+        self.monitor = monitor
+        self.interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(), name="source health sweeper")
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def sweep(self, *, now: datetime | None = None) -> list[SourceHealthReport]:
+        """One pass: check the collections that are due; their reports."""
+        reports = await self.monitor.check_due(self.interval_s, now=now)
+        for r in reports:
+            unhealthy = sum(1 for f in r.findings if f.kind in WARNING_KINDS)
+            if unhealthy:
+                log.warning("collection %s: %d unhealthy findings", r.collection, unhealthy)
+        return reports
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except Exception as exc:  # the database away for a moment: the next pass
+                log.warning("the source health sweep failed: %s", exc)
+            await asyncio.sleep(min(self.interval_s, 60.0))
 
 
 async def _collection(conn: Conn, org_id: str, collection: str) -> None:

@@ -1,0 +1,434 @@
+"""The model-based graph extractor: ``python -m jobs.graph_extract --org ORG [--collection C]``.
+
+Optional and off by default: nothing runs it unless it is submitted (no ingestion, route or
+schedule starts it). It reads the passages of published source versions (of a collection,
+of ``--source`` ids, numbered ``--since-version`` or later), asks the chat model the
+settings name (``CORTEX_MODEL_BACKEND``: ``served`` is the Ray Serve deployment, ``local``
+the packaged GGUF in each actor, ``openai`` an endpoint) for entities and relationships
+under a JSON schema, batches of passages per call, and writes the facts whose evidence is
+verbatim in their passage (``cortex_ray.graph``'s model extractor) through the graph
+writer, method ``model``, one transaction per source version.
+
+On Ray: the versions are a Ray Data dataset; ``map_batches`` hands them to a pool of
+``ModelExtractor`` actors (``--actors``), each opening the model once and keeping
+``--in-flight`` calls going. Submit it like the other jobs:
+``ray job submit --working-dir . -- python -m jobs.graph_extract --org acme --collection
+handbook``. Idempotent per (source version, extractor version): a version already in the
+ledger (``graph_extracted_versions``) is skipped, so a rerun asks nothing and writes nothing
+twice; a run that fails leaves the versions it finished recorded, and a rerun does the rest.
+
+Prints one JSON report on stdout. Exit codes: 0 done, 1 a configuration, model or storage
+error, 2 invalid arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+import pyarrow as pa
+import typer
+
+from cortex_ray import (
+    CortexError,
+    Interrupted,
+    InvalidRequestError,
+    load_settings,
+    reclaim_signals,
+    stop_on_signals,
+)
+from cortex_ray.graph import (
+    MODEL,
+    BatchOutcome,
+    GraphWriter,
+    PublishedVersion,
+    extract_batch,
+    model_method_version,
+    plan_batches,
+)
+from cortex_ray.models import BACKGROUND_PRIORITY, ModelClient, open_models
+from cortex_ray.storage import migrate
+from jobs.ingest import _resolve_dsn, _shown_default, job_default, job_options
+
+__all__ = ["ExtractOptions", "ModelExtractReport", "ModelExtractor", "main", "run_model_extraction"]
+
+log = logging.getLogger("cortex_ray.jobs.graph_extract")
+
+_COUNTS = ("passages", "calls", "invalid_outputs", "invalid_facts", "unsupported", "found")
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    """How the extractor asks (picklable: shipped to every actor)."""
+
+    batch_passages: int = job_default("graph_model_batch")
+    batch_chars: int = job_default("graph_model_batch_chars")
+    in_flight: int = job_default("graph_model_in_flight")
+    confidence: float = job_default("graph_model_confidence")
+    retries: int = job_default("graph_model_retries")
+    max_tokens: int = job_default("graph_model_max_tokens")
+
+
+@dataclass
+class ModelExtractReport:
+    """One run: its id, the extraction version, and what it did (summed over versions)."""
+
+    org: str
+    run: int
+    method_version: str
+    versions: int = 0  # source versions extracted (and recorded in the ledger)
+    passages: int = 0
+    calls: int = 0  # model calls (batches), retries not counted
+    invalid_outputs: int = 0  # answers that did not parse or validate: dropped
+    invalid_facts: int = 0  # facts that did not validate: dropped
+    unsupported: int = 0  # facts whose evidence is not verbatim in the passage: dropped
+    found: int = 0  # facts kept
+    assertions: int = 0  # new assertions written (a fact already recorded is not new)
+    seconds: float = 0.0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in ("versions", *_COUNTS, "assertions")}
+
+
+class ModelExtractor:
+    """Extracts source versions with one model client: a Ray actor's body (it opens the
+    model the settings name, once) or an in-process helper (given ``client``)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        org_id: str,
+        run_id: int,
+        method_version: str,
+        options: ExtractOptions,
+        client: ModelClient | None = None,
+    ) -> None:
+        self._org = org_id
+        self._run = run_id
+        self._method_version = method_version
+        self._options = options
+        self._writer = GraphWriter(dsn)
+        self._loop = asyncio.new_event_loop() if client is None else None
+        if client is None:
+            assert self._loop is not None
+            parts = self._loop.run_until_complete(open_models(load_settings(), ("chat",)))
+            if parts.chat is None:
+                raise CortexError("no chat model: set CORTEX_MODEL_BACKEND (docs/graph.md)")
+            client = parts.chat
+        self._client = client
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """Ray Data: one row per source version in, one row of counts per version out."""
+        assert self._loop is not None
+        run = self._loop.run_until_complete
+        return pa.Table.from_pylist([run(self.extract(_version(r))) for r in batch.to_pylist()])
+
+    async def extract(self, version: PublishedVersion) -> dict[str, Any]:
+        """Ask for the version's passages' facts (``in_flight`` batches at a time), then
+        write them and the ledger row in one transaction; the version's counts."""
+        o = self._options
+        passages = self._writer.passages(self._org, version.source_id, version.version)
+        batches = plan_batches(passages, batch_passages=o.batch_passages, batch_chars=o.batch_chars)
+        total = BatchOutcome()
+        for i in range(0, len(batches), o.in_flight):
+            for got in await asyncio.gather(
+                *(
+                    extract_batch(
+                        self._client,
+                        b,
+                        confidence=o.confidence,
+                        retries=o.retries,
+                        max_tokens=o.max_tokens,
+                        priority=BACKGROUND_PRIORITY,  # what people wait for goes first
+                    )
+                    for b in batches[i : i + o.in_flight]
+                )
+            ):
+                total.add(got)
+        written = self._writer.write_version(
+            self._org,
+            self._run,
+            version,
+            total.rows,
+            method=MODEL,
+            method_version=self._method_version,
+            passages=len(passages),
+        )
+        return {
+            "source_id": version.source_id,
+            "version": version.version,
+            "key": version.key,
+            "passages": total.passages,
+            "calls": total.calls,
+            "invalid_outputs": total.invalid_outputs,
+            "invalid_facts": total.invalid_facts,
+            "unsupported": total.unsupported,
+            "found": len(total.rows),
+            "assertions": written["assertions"],
+        }
+
+    def close(self) -> None:
+        self._writer.close()
+        if self._loop is not None:
+            self._loop.run_until_complete(self._client.aclose())
+            self._loop.close()
+
+
+def _version(row: dict[str, Any]) -> PublishedVersion:
+    return PublishedVersion(
+        row["source_id"],
+        int(row["version"]),
+        row["key"],
+        row["collection"],
+        datetime.fromisoformat(row["created_at"]),
+    )
+
+
+def run_model_extraction(
+    org: str,
+    *,
+    dsn: str,
+    collection: str | None = None,
+    source_ids: Sequence[UUID | str] = (),
+    since_version: int | None = None,
+    model_version: str,
+    options: ExtractOptions | None = None,
+    actors: int = job_default("graph_model_actors"),
+    num_gpus: float = job_default("graph_model_num_gpus"),
+    client: ModelClient | None = None,
+) -> ModelExtractReport:
+    """Extract the published versions not yet extracted at ``model_version``'s extraction
+    version (``model_method_version``), recording one extraction run (DONE with the
+    counts in its ``detail``, or FAILED with the reason).
+
+    With ``client`` the versions are extracted in this process (the scripted model in
+    tests); otherwise by ``actors`` Ray actors on the Ray that is initialised (or a local one).
+    """
+    options = options or ExtractOptions()
+    method_version = model_method_version(model_version)
+    started = time.perf_counter()
+    with GraphWriter(dsn) as writer:
+        todo = writer.published_versions(
+            org,
+            collection=collection,
+            source_ids=source_ids,
+            since_version=since_version,
+            method=MODEL,
+            method_version=method_version,
+        )
+        run = writer.begin_run(
+            org, method=MODEL, method_version=method_version, collection=collection
+        )
+        report = ModelExtractReport(org, run, method_version)
+        try:
+            for row in _extract(todo, dsn, org, run, method_version, options, actors, num_gpus,
+                                client):  # fmt: skip
+                report.versions += 1
+                for key in (*_COUNTS, "assertions"):
+                    setattr(report, key, getattr(report, key) + int(row[key]))
+        except BaseException as exc:
+            writer.finish_run(org, run, failed=repr(exc)[:500], detail=json.dumps(report.counts()))
+            raise
+        writer.finish_run(org, run, detail=json.dumps(report.counts()))
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _extract(
+    todo: list[PublishedVersion],
+    dsn: str,
+    org: str,
+    run: int,
+    method_version: str,
+    options: ExtractOptions,
+    actors: int,
+    num_gpus: float,
+    client: ModelClient | None,
+) -> Any:
+    if not todo:
+        return
+    if client is not None:
+        extractor = ModelExtractor(dsn, org, run, method_version, options, client=client)
+        try:
+            for version in todo:
+                # The caller may run a loop of its own (a test): each version on a fresh one.
+                yield _run_async(extractor.extract(version))
+        finally:
+            extractor.close()
+        return
+    import ray
+
+    if not ray.is_initialized():
+        ray.init()
+    items = [
+        {
+            "source_id": v.source_id,
+            "version": v.version,
+            "key": v.key,
+            "collection": v.collection,
+            "created_at": v.created_at.isoformat(),
+        }
+        for v in todo
+    ]
+    ds = ray.data.from_items(items, override_num_blocks=min(len(items), 200)).map_batches(
+        ModelExtractor,
+        fn_constructor_kwargs={
+            "dsn": dsn,
+            "org_id": org,
+            "run_id": run,
+            "method_version": method_version,
+            "options": options,
+        },
+        batch_size=1,
+        batch_format="pyarrow",
+        concurrency=min(actors, len(items)),
+        num_cpus=0 if num_gpus else 1,
+        num_gpus=num_gpus,
+    )
+    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        assert isinstance(batch, pa.Table)
+        yield from batch.to_pylist()
+
+
+def _run_async(coro: Any) -> Any:
+    """Run ``coro`` to the end on a loop of its own, in a thread when this one runs a loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+# command line ----------------------------------------------------------------------------
+
+
+def main(
+    org: Annotated[str, typer.Option("--org", help="The organisation.")],
+    collection: Annotated[
+        str | None, typer.Option("--collection", help="Only this collection's versions.")
+    ] = None,
+    source: Annotated[
+        list[str] | None, typer.Option("--source", help="Only this source id (repeatable).")
+    ] = None,
+    since_version: Annotated[
+        int | None, typer.Option("--since-version", min=1, help="Only versions numbered ≥ N.")
+    ] = None,
+    model_version: Annotated[
+        str | None,
+        typer.Option(
+            "--model-version",
+            help="The model's name/version recorded on its facts (default CORTEX_MODEL_NAME).",
+        ),
+    ] = None,
+    batch: Annotated[
+        int | None, typer.Option("--batch", show_default=_shown_default("graph_model_batch"))
+    ] = None,
+    actors: Annotated[
+        int | None, typer.Option("--actors", show_default=_shown_default("graph_model_actors"))
+    ] = None,
+    in_flight: Annotated[
+        int | None,
+        typer.Option("--in-flight", show_default=_shown_default("graph_model_in_flight")),
+    ] = None,
+    num_gpus: Annotated[
+        float | None,
+        typer.Option("--num-gpus", show_default=_shown_default("graph_model_num_gpus")),
+    ] = None,
+    address: Annotated[str | None, typer.Option("--address", help="Ray address.")] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="PostgreSQL DSN (default CORTEX_DATABASE_URL, else the embedded server).",
+        ),
+    ] = None,
+) -> None:
+    """Extract entities and relationships from published passages with the chat model."""
+    import ray
+
+    from actors import local_ray_address
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings()
+    except CortexError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    try:
+        if not collection and not source:
+            raise InvalidRequestError("give --collection or --source (what to extract)")
+        sources = [str(UUID(s)) for s in source or ()]
+        job = job_options(
+            settings,
+            graph_model_batch=batch,
+            graph_model_actors=actors,
+            graph_model_in_flight=in_flight,
+            graph_model_num_gpus=num_gpus,
+        )
+    except ValueError as exc:  # InvalidRequestError, or a --source that is no UUID
+        text = str(exc) if isinstance(exc, InvalidRequestError) else f"--source: {exc}"
+        typer.echo(f"error: {text}", err=True)
+        raise typer.Exit(2) from None
+    options = ExtractOptions(
+        batch_passages=job.graph_model_batch,
+        batch_chars=job.graph_model_batch_chars,
+        in_flight=job.graph_model_in_flight,
+        confidence=job.graph_model_confidence,
+        retries=job.graph_model_retries,
+        max_tokens=job.graph_model_max_tokens,
+    )
+    embedded = None
+    started_ray = False
+    try:
+        dsn, embedded = _resolve_dsn(database_url, settings)
+        migrate(dsn)
+        if not ray.is_initialized():
+            joined = (
+                address or os.environ.get("RAY_ADDRESS") or local_ray_address(settings.data_dir)
+            )
+            ray.init(address=joined, num_cpus=None if joined else job.num_cpus, log_to_driver=False)
+            started_ray = True
+            reclaim_signals()  # ray.init replaced SIGTERM's handler
+        report = run_model_extraction(
+            org,
+            dsn=dsn,
+            collection=collection,
+            source_ids=sources,
+            since_version=since_version,
+            model_version=model_version or settings.model_name,
+            options=options,
+            actors=job.graph_model_actors,
+            num_gpus=job.graph_model_num_gpus,
+        )
+    except CortexError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except Interrupted as exc:
+        # Versions finished so far are recorded; a rerun extracts the rest.
+        typer.echo(f"interrupted by {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    finally:
+        if started_ray:
+            ray.shutdown()
+        if embedded is not None:
+            embedded.stop()
+    sys.stdout.write(json.dumps(asdict(report)) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    with stop_on_signals():  # SIGINT and SIGTERM unwind to main's clean-up
+        typer.run(main)
