@@ -268,7 +268,12 @@ async def test_the_gate_refuses_a_tool_outside_the_allow_list_before_any_grant(
     size = len(json.dumps(big_args))
     assert all(r["args"] == {"$payload": r["args_ref"], "bytes": size} for r in rows)
     assert await payload_rows(runtime, org) == 2  # the arguments once, the result once
-    assert await runtime.workflows.payload(org, rows[0]["args_ref"]) == big_args
+    assert await runtime.workflows.payload(org, rows[0]["args_ref"]) == big_args  # an admin
+    bob = Principal(id="bob", org_id=org)
+    with pytest.raises(NotFoundError, match="no payload"):  # a direct call's: not a member's
+        await runtime.workflows.payload(org, rows[0]["args_ref"], principal=bob)
+    with pytest.raises(NotFoundError):
+        await runtime.workflows.payload(f"{org}-x", rows[0]["args_ref"])
 
 
 async def payload_rows(runtime: Runtime, org: str) -> int:
@@ -386,6 +391,8 @@ async def test_a_large_result_is_stored_once_across_events(runtime: Runtime, org
     [ref] = refs
     assert all(e.payloads == (ref,) for e in calls)
     assert ledger.payloads == {ref: BIG}
+    bob = Principal(id="bob", org_id=org)  # a member reads a run's payloads, as its report
+    assert await runtime.workflows.payload(org, ref, principal=bob) == BIG
     assert await payload_rows(runtime, org) == 1
     async with runtime.db.connection() as conn:
         cur = await conn.execute(

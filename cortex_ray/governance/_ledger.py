@@ -311,16 +311,20 @@ class Workflows:
         return await self.workflows.acceptance(org_id, workflow_id)
 
     async def payload(self, org_id: str, sha256: str, *, principal: Principal | None = None) -> Any:
-        """A stored payload's value (a run's large argument or result).
+        """A stored payload's value: a run's large argument or result (members, who read
+        runs' reports), or any call's (admins, who read the audit log).
 
         Raises:
             InvalidRequestError: Not a sha256 in hex.
-            NotFoundError: No such payload in this organisation.
+            NotFoundError: No such payload in this organisation (or, for a member, none a
+                run references: whether another call's exists is not said).
         """
-        await self._authorize(principal, UseCase.TASKS_GET, org_id)
+        caller = await self._authorize(principal, UseCase.TASKS_GET, org_id)
         if not _SHA.match(sha256):
             raise InvalidRequestError("a payload is named by its sha256: 64 lowercase hex digits")
         found = await self.store.payloads(org_id, [sha256])
+        if not caller.is_admin and not await self.store.payload_of_a_run(org_id, sha256):
+            found = {}
         if sha256 not in found:
             raise NotFoundError(f"no payload {sha256} in this organisation")
         return json.loads(found[sha256])
@@ -429,12 +433,13 @@ def _timeline(
                 "args_sha256": None if action is None else _args_sha256(action.args),
             },
         )
+    last_step: int | None = None  # the step of the latest gate row so far (ids are ordered)
     for row in rows:
         if row["mode"] is None:  # a use case on the run
             if row["tool"] == "tasks.submit":
                 continue  # the start itself
             add(
-                (1 if row["step_index"] is not None else 2, row["step_index"] or 0, 4, row["id"]),
+                (0, 0, 1, row["id"]) if last_step is None else (1, last_step, 5, row["id"]),
                 kind="request",
                 at=row["at"],
                 tool=row["tool"],
@@ -443,6 +448,7 @@ def _timeline(
                 data={"principal_id": row["principal_id"], "args": row["args"]},
             )
             continue
+        last_step = row["step_index"] if row["step_index"] is not None else last_step
         decision = row["decision"] or ("allowed" if row["status"] == "OK" else "error")
         refs = tuple(r for r in (row.get("args_ref"), row.get("result_ref")) if r)
         add(

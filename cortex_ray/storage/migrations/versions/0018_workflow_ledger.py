@@ -85,6 +85,10 @@ def upgrade() -> None:
             ADD COLUMN args_ref        text,
             ADD COLUMN result_ref      text,
             ADD COLUMN source_versions text[];
+        CREATE INDEX audit_log_args_ref ON audit_log (org_id, args_ref)
+            WHERE args_ref IS NOT NULL;
+        CREATE INDEX audit_log_result_ref ON audit_log (org_id, result_ref)
+            WHERE result_ref IS NOT NULL;
         """
     )
 
@@ -92,6 +96,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(
         """
+        DROP INDEX audit_log_args_ref;
+        DROP INDEX audit_log_result_ref;
         ALTER TABLE audit_log DROP COLUMN args_ref, DROP COLUMN result_ref,
             DROP COLUMN source_versions;
         DROP TABLE payloads;
