@@ -46,7 +46,10 @@ from tests.test_connector_grants import CRM, TOOLS, ran
 
 STEP = re.compile(r"Step (\d+) of (\d+)\.")
 PLAN_NAME = re.compile(r'"plan": "(\w+)"')
-BIG = {"rows": [{"id": i, "text": "lorem ipsum " * 8} for i in range(60)]}  # ~8 KB
+BIG = {
+    "rows": [{"id": i, "text": "lorem ipsum " * 8} for i in range(60)],  # ~8 KB
+    "hits": [{"source_id": "kb:7", "version": 3, "text": "..."}],
+}
 
 
 def _call(tool: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -391,6 +394,11 @@ async def test_a_large_result_is_stored_once_across_events(runtime: Runtime, org
     [ref] = refs
     assert all(e.payloads == (ref,) for e in calls)
     assert ledger.payloads == {ref: BIG}
+    # Evidence with the version each source was cited at.
+    assert calls[0].data["source_ids"] == ["kb:7"] and calls[0].data["source_versions"] == [
+        "kb:7@3"
+    ]
+    assert ledger.evidence is not None and ledger.evidence.versions == ("kb:7@3",)
     bob = Principal(id="bob", org_id=org)  # a member reads a run's payloads, as its report
     assert await runtime.workflows.payload(org, ref, principal=bob) == BIG
     assert await payload_rows(runtime, org) == 1
