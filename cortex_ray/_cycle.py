@@ -64,6 +64,7 @@ from cortex_ray._types import (
     Step,
     StepRecording,
     TaskRun,
+    ToolSpec,
     Turn,
     TurnEvent,
     TurnEventKind,
@@ -73,7 +74,13 @@ from cortex_ray._types import (
 )
 from cortex_ray.act import Dispatch, InvocationContext, ToolDispatcher, ToolRegistry
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
-from cortex_ray.governance import Approval, GovernanceStore
+from cortex_ray.governance import (
+    Approval,
+    GovernanceStore,
+    WorkflowStore,
+    WorkflowVersion,
+    evidence_of,
+)
 from cortex_ray.learn import Learner
 from cortex_ray.models import recording
 from cortex_ray.observability import diagnostics, metrics
@@ -143,6 +150,7 @@ class DecisionCycle:
         self.learner = learner
         self.leases = RunLeases(db)  # one driver per run: held, renewed, fenced writes
         self.approvals = GovernanceStore(db)  # approval requests pause runs (issue 18)
+        self.workflows = WorkflowStore(db)  # a workflow run's allow-list and evidence
 
     # the shared step ----------------------------------------------------------------------
 
@@ -167,6 +175,13 @@ class DecisionCycle:
         """
         org, agent_name = ctx.agent.org_id, ctx.agent.name
         started = time.perf_counter()
+        allowed = None
+        if (workflow := ctx.workflow) is not None:
+
+            def allowed(spec: ToolSpec) -> bool:
+                tool = self.registry.get(spec.name)
+                return workflow.allows(spec.name, None if tool is None else tool.connector)
+
         wm = await self.assembler.assemble(  # PERCEIVE
             agent=ctx.agent,
             mode=ctx.mode,
@@ -177,6 +192,7 @@ class DecisionCycle:
             step_index=step_index,
             max_steps=max_steps,
             run_id=ctx.run_id,
+            allowed=allowed,
         )
         shown = shown_note(wm.action_space, wm.hidden_tools)
         started = _phase_done("perceive", started, org, agent_name)
@@ -244,6 +260,7 @@ class DecisionCycle:
     async def _resume(self, lease: RunLease, on_step: StepCallback | None) -> TaskRun:
         run = await self.store.get_run(lease.org_id, lease.run_id)
         agent = await self.store.get_agent(run.org_id, run.agent_id)
+        workflow = await self._workflow_of(run)
         observations = _observed(run.steps)
         step_index = len(run.steps)
         # A side-effecting step whose process died after it began acting is decided again,
@@ -255,7 +272,7 @@ class DecisionCycle:
             if interrupted is not None:
                 note = _interrupted(run, step_index, interrupted)
                 audit = self.dispatcher.audit_entry(
-                    _run_context(agent, run, step_index),
+                    _run_context(agent, run, step_index, workflow=workflow),
                     interrupted,
                     status="INTERRUPTED",
                     reason=note.summary,
@@ -268,7 +285,7 @@ class DecisionCycle:
         run, approved = await settle_approval(
             self,
             self.approvals,
-            _run_context(agent, run, len(run.steps)),
+            _run_context(agent, run, len(run.steps), workflow=workflow),
             run,
             lease,
             observations,
@@ -300,6 +317,13 @@ class DecisionCycle:
                     holding.ended()
                 return final
         return await self.store.get_run(run.org_id, run.id)
+
+    async def _workflow_of(self, run: TaskRun) -> WorkflowVersion | None:
+        """The workflow version a run follows (read once per process: versions never
+        change), or ``None``."""
+        if run.workflow_version_id is None:
+            return None
+        return await self.workflows.version_by_id(run.org_id, run.workflow_version_id)
 
     def _timeline(self, org_id: str, **ids: UUID | None) -> diagnostics.Timeline | None:
         """A diagnostic timeline for a run attempt or a turn (``None`` when switched off)."""
@@ -342,6 +366,7 @@ class DecisionCycle:
         and seconds it spent are added to the run's, and the loops it showed. ``approved``:
         the approved request the next step carries out without deciding again."""
         timeline = self._timeline(run.org_id, run_id=run.id)
+        workflow = await self._workflow_of(run)
         first = not run.steps
         queue_s = max((utcnow() - run.created_at).total_seconds(), 0.0) if first else 0.0
         watch = _LoopWatch(self.settings.diagnostics.loop_repeats, run.steps)
@@ -356,7 +381,7 @@ class DecisionCycle:
             )
             try:
                 final = await self._drive_traced(
-                    agent, run, lease, on_step, observations, watch, approved
+                    agent, run, lease, on_step, observations, watch, approved, workflow
                 )
             except BaseException as exc:
                 diagnostics.note("failure", error=f"{type(exc).__name__}: {exc}")
@@ -428,6 +453,7 @@ class DecisionCycle:
         observations: list[Observation] | None,
         watch: _LoopWatch,
         approved: Approval | None = None,
+        workflow: WorkflowVersion | None = None,
     ) -> TaskRun:
         steps = list(run.steps)
         if observations is None:
@@ -455,7 +481,7 @@ class DecisionCycle:
                 if timeline is not None:
                     timeline.step = step_index
                 step, final = await self._autonomous_step(
-                    agent, run, lease, step_index, observations, on_step, approved
+                    agent, run, lease, step_index, observations, on_step, approved, workflow
                 )
                 approved = None
                 if step is None:  # paused on an approval request: no step recorded yet
@@ -491,6 +517,7 @@ class DecisionCycle:
         observations: list[Observation],
         on_step: StepCallback | None,
         approved: Approval | None = None,
+        workflow: WorkflowVersion | None = None,
     ) -> tuple[Step | None, TaskRun | None]:
         """One cycle: its ledger row, and the finished run when it reached a terminal state;
         no row and the paused run when its call waits for approval. With ``approved`` the
@@ -528,7 +555,7 @@ class DecisionCycle:
                     return decided
 
             cycle = await self.step(
-                _run_context(agent, run, step_index, approved),
+                _run_context(agent, run, step_index, approved, workflow),
                 decide,
                 objective=run.objective(),
                 observations=observations,
@@ -564,13 +591,22 @@ class DecisionCycle:
                     recording=cycle.recording,
                 )
                 failed = decision.failed or decision.kind is not DecisionKind.FINISH
+                status = RunStatus.FAILED if failed else RunStatus.COMPLETED
+                reason = decision.reason
+                if not failed and workflow is not None and workflow.required_evidence.required:
+                    # A workflow run completes only with the evidence its version requires;
+                    # without it the run FAILS saying what is missing (the answer is kept).
+                    rows = await self.store.audit_rows(run.org_id, run_id=run.id, gate_only=True)
+                    check = evidence_of(rows, workflow.required_evidence)
+                    if not check.satisfied:
+                        status, reason = RunStatus.FAILED, check.finding()
                 final = await self._finish(
                     agent,
                     run,
                     lease,
-                    RunStatus.FAILED if failed else RunStatus.COMPLETED,
+                    status,
                     result=None if failed else decision.message,
-                    reason=decision.reason,
+                    reason=reason,
                     step=step,
                 )
                 step = _without_recording(step)
@@ -909,9 +945,14 @@ def _run_done(agent: Agent, run: TaskRun) -> None:
 
 
 def _run_context(
-    agent: Agent, run: TaskRun, step_index: int, approved: Approval | None = None
+    agent: Agent,
+    run: TaskRun,
+    step_index: int,
+    approved: Approval | None = None,
+    workflow: WorkflowVersion | None = None,
 ) -> InvocationContext:
     return InvocationContext(
+        workflow=workflow,
         approval_id=None if approved is None else approved.id,
         agent=agent,
         caller=None,

@@ -109,6 +109,8 @@ from cortex_ray.governance import (
     Governance,
     GovernanceStore,
     SecretStore,
+    Workflows,
+    WorkflowVersion,
     discover_connectors,
 )
 from cortex_ray.knowledge import Fusion, KnowledgeService, SearchResult, knowledge_search_tool
@@ -241,6 +243,16 @@ class Runtime:
             secrets=self.secrets,
         )
         """Connectors, grants and the audit log (``cortex_ray.governance``), as use cases."""
+        self.workflows = Workflows(
+            store=self.store,
+            governance=self.connector_policy.store,
+            tool_connector=self._tool_connector,
+            connectors=lambda: self.connector_policy.connectors.keys(),
+            authorize=self._authorize,
+            audited=self._audited,
+            start=self._start_run,
+        )
+        """Workflow definitions, immutable versions, runs and their ledgers, as use cases."""
         self.composer = PromptComposer(
             show_action_space=settings.show_action_space,
             earlier_chars=settings.progress_earlier_chars,
@@ -392,6 +404,11 @@ class Runtime:
         """The names of the registered tools that belong to ``connector``."""
         tools = (self.registry.get(name) for name in self.registry.names())
         return [t.name for t in tools if t is not None and t.connector == connector]
+
+    def _tool_connector(self, name: str) -> tuple[bool, str | None]:
+        """Whether a tool is registered, and its connector."""
+        tool = self.registry.get(name)
+        return tool is not None, None if tool is None else tool.connector
 
     async def close(self, *, close_db: bool = True) -> None:
         """Release the run leases this runtime still holds (the next driver takes the runs
@@ -670,6 +687,27 @@ class Runtime:
         )
         return run
 
+    async def _start_run(
+        self,
+        org_id: str,
+        agent_ref: UUID | str,
+        goal: str,
+        max_steps: int | None,
+        name: str,
+        caller_id: str | None,
+        contact_context: dict[str, Any] | None,
+        principal: Principal | None,
+        run_mode: RunMode = RunMode.EXECUTE,
+        *,
+        workflow: WorkflowVersion | None = None,
+        inputs: dict[str, Any] | None = None,
+    ) -> TaskRun:
+        _, _, run = await self._start(
+            org_id, agent_ref, goal, max_steps, name, caller_id, contact_context, principal,
+            run_mode, workflow=workflow, inputs=inputs,
+        )  # fmt: skip
+        return run
+
     async def _start(
         self,
         org_id: str,
@@ -681,10 +719,16 @@ class Runtime:
         contact_context: dict[str, Any] | None,
         principal: Principal | None,
         run_mode: RunMode = RunMode.EXECUTE,
+        *,
+        workflow: WorkflowVersion | None = None,
+        inputs: dict[str, Any] | None = None,
     ) -> tuple[Principal, Agent, TaskRun]:
         args: dict[str, Any] = {"agent": str(agent_ref), "max_steps": max_steps}
         if run_mode is not RunMode.EXECUTE:
             args["run_mode"] = run_mode.value
+        if workflow is not None:
+            args["workflow"] = workflow.workflow
+            args["version"] = workflow.version
         caller, agent = await self._agent_for(
             principal, UseCase.TASKS_SUBMIT, org_id, agent_ref, args=args
         )
@@ -729,6 +773,8 @@ class Runtime:
                 # every attempt's spans go under this (the hop to the actor is the run's row)
                 trace_parent=current_traceparent(),
                 run_mode=run_mode,
+                workflow_version_id=None if workflow is None else workflow.id,
+                workflow_inputs=None if workflow is None else dict(inputs or {}),
             )
             # The submission's OK row goes in the run's own transaction: one round trip of
             # statements instead of a second transaction, and never a run without its row.
@@ -737,6 +783,8 @@ class Runtime:
                 audit = self._audit_entry(
                     caller, UseCase.TASKS_SUBMIT, org_id, "OK", None, agent, args, run_id=run.id
                 )
+                if workflow is not None:
+                    audit.workflow_id = workflow.workflow_id
             created = await self.store.create_run(run, audit=audit)
         if audit is not None:
             self._log_audited(caller, UseCase.TASKS_SUBMIT, "OK")

@@ -627,6 +627,13 @@ class Settings(BaseSettings):
     tool_output_chars: int = Field(
         default=4000, ge=64, description="tool output kept in an observation"
     )
+    payload_inline_bytes: int = Field(
+        default=4096,
+        ge=64,
+        description="a tool call's arguments or result larger than this (as JSON) is stored "
+        "once per organisation by its sha256 and referenced from the audit row, not copied "
+        'into it (docs/governance.md, "Workflow ledger")',
+    )
     grant_cache_s: float = Field(
         default=1.0,
         ge=0,

@@ -545,13 +545,24 @@ class TaskRun(_Model):
     run_mode: RunMode = Field(
         default=RunMode.EXECUTE, description="execute, dry_run or shadow (RunMode)"
     )
+    workflow_version_id: UUID | None = Field(
+        default=None, description="the workflow version the run follows (its allow-list)"
+    )
+    workflow_inputs: dict[str, Any] | None = Field(
+        default=None, description="the workflow run's inputs, valid against its version's schema"
+    )
 
     def objective(self) -> str:
-        """What the agent works towards: the goal, and the contact context when there is one."""
-        if not self.contact_context:
-            return self.goal
-        context = json.dumps(self.contact_context, ensure_ascii=False, sort_keys=True)
-        return f"{self.goal}\n\nContact context (JSON): {context}"
+        """What the agent works towards: the goal, and the contact context and the workflow
+        inputs when there are any."""
+        text = self.goal
+        if self.contact_context:
+            context = json.dumps(self.contact_context, ensure_ascii=False, sort_keys=True)
+            text += f"\n\nContact context (JSON): {context}"
+        if self.workflow_inputs is not None:
+            inputs = json.dumps(self.workflow_inputs, ensure_ascii=False, sort_keys=True)
+            text += f"\n\nWorkflow inputs (JSON): {inputs}"
+        return text
 
 
 class SessionStatus(StrEnum):

@@ -1462,12 +1462,14 @@ from cortex_ray._cli_governance import (  # noqa: E402
     secrets_app,
 )
 from cortex_ray._cli_governance import audit as _audit_command  # noqa: E402
+from cortex_ray._cli_workflows import workflow_app  # noqa: E402
 
 app.add_typer(connectors_app, name="connectors")
 app.add_typer(grants_app, name="grants")
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(secrets_app, name="secrets")
 app.add_typer(schedules_app, name="schedules")
+app.add_typer(workflow_app, name="workflow")
 app.command("audit")(_audit_command)
 runs_app.command("report")(runs_report)
 runs_app.command("label")(runs_label)

@@ -512,8 +512,10 @@ def create_app(
     # The context graph's routes live in their own module, which imports this one's
     # dependencies (hence imported here, not at the top).
     from serve._graph import graph_router
+    from serve._workflows import workflows_router
 
     app.include_router(graph_router())
+    app.include_router(workflows_router())
     return app
 
 

@@ -1215,12 +1215,12 @@ def fuzz(
     def send(case: Any, mode: GenerationMode, where: str) -> None:
         nonlocal calls
         if case.path_parameters:
-            for name in ("org", "session_id"):
+            for name in ("org", "session_id", "workflow"):
                 if name in case.path_parameters:
                     case.path_parameters[name] = ids[name]
         body = case.body
         if mode is GenerationMode.POSITIVE and isinstance(body, dict) and "agentId" in body:
-            body["agentId"] = ids["worker" if where.endswith("/tasks") else "chat"]
+            body["agentId"] = ids["worker" if where.endswith(("/tasks", "/runs")) else "chat"]
         response = case.call(headers={"Authorization": f"Bearer {key}"}, **call)
         calls += 1
         if response.status_code >= 500:
@@ -1258,6 +1258,13 @@ async def fuzz_estate(settings: Settings, store: Store, org: str) -> tuple[str, 
         chat = await runtime.create_agent(org, "fuzz-chat")
         admin = await store.get_principal(org, "admin")
         session = await runtime.open_session(org, chat.id, admin)
+        # A workflow with a version: its routes' requests reach past the lookups.
+        from cortex_ray.governance import WorkflowVersionSpec
+
+        await runtime.workflows.create(org, "fuzz-flow")
+        await runtime.workflows.publish(
+            org, "fuzz-flow", WorkflowVersionSpec(instructions="read the clock")
+        )
     finally:
         await runtime.close(close_db=False)
     ids = {
@@ -1265,6 +1272,7 @@ async def fuzz_estate(settings: Settings, store: Store, org: str) -> tuple[str, 
         "worker": str(worker.id),
         "chat": str(chat.id),
         "session_id": str(session.id),
+        "workflow": "fuzz-flow",
     }
     return tenant.admin, ids
 

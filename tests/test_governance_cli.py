@@ -269,3 +269,57 @@ def test_schedules_from_the_command_line(env: dict[str, str]) -> None:
         done = cortex(env, "--org", org, "schedules", action, sid)
         assert done.returncode == 0 and status in done.stdout, done.stderr
     assert_one_line_error(cortex(env, "--org", org, "schedules", "resume", sid), 1, "CANCELLED")
+
+
+async def test_workflow_ledger_and_acceptance_from_the_command_line(
+    env: dict[str, str],
+) -> None:
+    """A shadow workflow run made in this process (scripted planner) is read as a ledger
+    and counted per workflow by the CLI in another; a bad version is one line."""
+    from cortex_ray import RunMode, Runtime, Settings
+    from cortex_ray.governance import RunLabel
+    from cortex_ray.memory import HeuristicImportanceScorer
+    from cortex_ray.models import HashEmbedder, ScriptedModelClient
+    from tests.test_connector_grants import CRM, TOOLS
+    from tests.test_workflows import EXTRA_TOOLS, inputs, plan, setup, spec
+
+    org = f"cli-{uuid.uuid4().hex[:8]}"
+    settings = Settings(
+        data_dir=Path(env["CORTEX_DATA_DIR"]),
+        database_url=env.get("CORTEX_DATABASE_URL"),
+        embedding_backend="hash",
+        candidates=1,
+    )
+    runtime = await Runtime.open(
+        settings,
+        model=ScriptedModelClient(responder=plan),
+        embedder=HashEmbedder(384),
+        importance=HeuristicImportanceScorer(),
+        tools=[*TOOLS, *EXTRA_TOOLS],
+        connectors=[CRM],
+    )
+    try:
+        await setup(runtime, org)
+        await runtime.workflows.create(org, "triage")
+        await runtime.workflows.publish(
+            org, "triage", spec(tools=("crm_lookup", "crm_update"), default_mode=RunMode.SHADOW)
+        )
+        made = await runtime.workflows.start_run(org, "triage", "clerk", inputs("update"))
+        run = await runtime.drive_run(org, made.id)
+        await runtime.governance.label_run(org, run.id, RunLabel.ACCEPTED)
+    finally:
+        await runtime.close()
+
+    assert_one_line_error(
+        cortex(env, "--org", org, "workflow", "publish", "triage",
+               '{"instructions": "x", "input_schema": {"type": 5}}'),
+        2,
+        "input_schema is not a valid JSON schema",
+    )  # fmt: skip
+    ledger = cortex(env, "--org", org, "workflow", "ledger", str(run.id))
+    assert ledger.returncode == 0, ledger.stderr
+    assert "triage v1, shadow, COMPLETED" in ledger.stdout
+    assert re.search(r"2\s+call\s+crm_update\s+proposed", ledger.stdout), ledger.stdout
+    assert re.search(r"labelled\s+accepted", ledger.stdout), ledger.stdout
+    acceptance = cortex(env, "--org", org, "workflow", "acceptance")
+    assert re.search(r"triage\s+v1\s+1\s+1\s+1\s+1\s+100%", acceptance.stdout), acceptance.stdout

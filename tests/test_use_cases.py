@@ -268,6 +268,15 @@ REFUSALS: dict[UseCase, tuple[str, Call]] = {
             w.org, w.run_id, RunLabel.ACCEPTED, principal=w.outsider
         ),
     ),
+    # workflows (tests/test_workflows.py)
+    UseCase.WORKFLOWS_LIST: (
+        "outsider",
+        lambda r, w: r.workflows.list_workflows(w.org, principal=w.outsider),
+    ),
+    UseCase.WORKFLOWS_DEFINE: (
+        "member",
+        lambda r, w: r.workflows.create(w.org, "triage", principal=w.member),
+    ),
     # the context graph and source health (tests/test_graph_search.py, test_source_health.py)
     UseCase.GRAPH_SEARCH: (
         "member",

@@ -150,6 +150,10 @@ class UseCase(Enum):
     SCHEDULES_LIST = ("schedules.list", ActionType.RETRIEVAL, Tier.READ, False)
     SCHEDULES_CREATE = ("schedules.create", ActionType.GROUNDING, Tier.WRITE, True)
     SCHEDULES_CHANGE = ("schedules.change", ActionType.GROUNDING, Tier.WRITE, True)
+    # Workflows (issue 18, point 5): what a workflow's runs may reach is the tenant's
+    # administration, like grants; members read definitions (starting a run is tasks.submit).
+    WORKFLOWS_LIST = ("workflows.list", ActionType.RETRIEVAL, Tier.READ, False)
+    WORKFLOWS_DEFINE = ("workflows.define", ActionType.GROUNDING, Tier.ADMIN, True)
     # The context graph (docs/graph.md): searching it, submitting triples (semantic memory
     # of the organisation), and restricting a collection's readers (whose facts it filters).
     GRAPH_SEARCH = ("graph.search", ActionType.RETRIEVAL, Tier.READ, True)

@@ -1,12 +1,14 @@
 """The one invocation gate. Every tool call, chosen by a model or made directly, passes here:
 
-unknown tool? → arguments valid against the schema? → AccessControlService → the connector
+unknown tool? → arguments valid against the schema? → AccessControlService → the running
+workflow's allow-list (its tools and connectors) → the connector
 policy (a connector's tools: installed, granted to every principal the call acts for, within
 the grant's tier and argument constraints, approval) → before-hooks → run under a timeout (and
 cancellation) → redact the connector's sensitive result fields → bound the output →
 after-hooks → audit row (with the decision, the tier, hashes of the arguments and the result,
-the result's source ids and the grants used) and a log line and a span carrying the action
-category.
+the result's source ids and the grants used; arguments or a result over
+``payload_inline_bytes`` stored once by hash and referenced) and a log line and a span
+carrying the action category.
 
 Failures become an ``Observation`` with status REFUSED / ERROR / TIMEOUT (CANCELLED is
 recorded, then re-raised): nothing a tool does escapes the decision cycle as an exception.
@@ -51,8 +53,14 @@ from cortex_ray._types import (
 )
 from cortex_ray.access import AccessControlService
 from cortex_ray.act._tools import Tool, ToolContext, ToolRegistry
-from cortex_ray.governance import ConnectorPolicy, Verdict, redact, redact_values
-from cortex_ray.observability import captured, diagnostics, metrics
+from cortex_ray.governance import (
+    ConnectorPolicy,
+    Verdict,
+    WorkflowVersion,
+    redact,
+    redact_values,
+)
+from cortex_ray.observability import captured, diagnostics, metrics, scrub
 from cortex_ray.storage import AuditEntry, Store
 
 __all__ = ["Dispatch", "InvocationContext", "ToolDispatcher", "ToolHook"]
@@ -81,6 +89,9 @@ class InvocationContext:
     approval_id: UUID | None = None
     """The approved request this call carries out: the policy is evaluated again (a denial
     still denies), but does not ask for approval a second time."""
+    workflow: WorkflowVersion | None = None
+    """The workflow version the run follows: a call outside its allow-list is refused
+    before any grant is read, and its approval gates apply."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +118,10 @@ class _CallFacts:
     grant_ids: tuple[UUID, ...] = ()
     result_sha256: str | None = None
     source_ids: tuple[str, ...] = ()
+    source_versions: tuple[str, ...] = ()
     redacted: int = 0
+    result_payload: str | None = None
+    """The whole (redacted, scrubbed) result as JSON, when over the inline limit."""
 
 
 def _sha256(text: str) -> str:
@@ -134,6 +148,29 @@ def _source_ids(output: Any, limit: int = 100) -> tuple[str, ...]:
                 elif k == "source_ids" and isinstance(item, list):
                     found.update((str(i), None) for i in item[:limit])
                 else:
+                    walk(item, depth + 1)
+        elif isinstance(v, list):
+            for item in v:
+                walk(item, depth + 1)
+
+    walk(output, 0)
+    return tuple(list(found)[:limit])
+
+
+def _source_versions(output: Any, limit: int = 100) -> tuple[str, ...]:
+    """``source_id@version`` of the results that carry both (knowledge hits do): which
+    version of a source the call cited."""
+    found: dict[str, None] = {}
+
+    def walk(v: Any, depth: int) -> None:
+        if depth > 4 or len(found) >= limit:
+            return
+        if isinstance(v, dict):
+            sid, version = v.get("source_id"), v.get("version", v.get("source_version"))
+            if isinstance(sid, str | int | UUID) and isinstance(version, int | str):
+                found[f"{sid}@{version}"] = None
+            for item in v.values():
+                if isinstance(item, dict | list):
                     walk(item, depth + 1)
         elif isinstance(v, list):
             for item in v:
@@ -290,6 +327,7 @@ class ToolDispatcher:
                     facts,
                     ctx.run_mode,
                     ctx.approval_id,
+                    ctx.workflow,
                 )
             except asyncio.CancelledError:
                 # Record the cancelled call, then let the cancellation go on.
@@ -387,8 +425,8 @@ class ToolDispatcher:
         )
         return Dispatch(observation, audit)
 
-    @staticmethod
     def _audit(
+        self,
         ctx: InvocationContext,
         tctx: ToolContext,
         tool_name: str,
@@ -402,6 +440,23 @@ class ToolDispatcher:
         facts: _CallFacts | None = None,
     ) -> AuditEntry:
         facts = facts or _CallFacts()
+        limit = self.settings.payload_inline_bytes
+        payloads: list[tuple[str, str]] = []
+        stored_args: dict[str, Any] = args if isinstance(args, dict) else {"_invalid": repr(args)}
+        args_ref = None
+        # Scrubbed and encoded once here; the audit insert reuses the text.
+        text = json.dumps(scrub(stored_args), default=str)
+        if len(text) > limit:
+            # Stored once by hash (every later row with the same arguments references it):
+            # a history of large calls does not grow by a copy per row.
+            args_ref = _sha256(text)
+            payloads.append((args_ref, text))
+            stored_args = {"$payload": args_ref, "bytes": len(text.encode())}
+            text = json.dumps(stored_args)
+        result_ref = None
+        if facts.result_payload is not None:
+            result_ref = _sha256(facts.result_payload)
+            payloads.append((result_ref, facts.result_payload))
         return AuditEntry(
             org_id=ctx.agent.org_id,
             principal_id=tctx.principal.id,
@@ -411,7 +466,7 @@ class ToolDispatcher:
             action_type=action_type,
             status=status,
             reason=reason,
-            args=args if isinstance(args, dict) else {"_invalid": repr(args)},
+            args=stored_args,
             duration_ms=duration_ms,
             run_id=ctx.run_id,
             step_index=ctx.step_index,
@@ -425,6 +480,12 @@ class ToolDispatcher:
             connector=connector,
             grant_ids=facts.grant_ids,
             run_mode=None if ctx.run_id is None else ctx.run_mode.value,
+            workflow_id=None if ctx.workflow is None else ctx.workflow.workflow_id,
+            args_ref=args_ref,
+            result_ref=result_ref,
+            source_versions=facts.source_versions,
+            payloads=tuple(payloads),
+            args_json=text,
         )
 
     def audit_entry(
@@ -468,6 +529,7 @@ class ToolDispatcher:
         facts: _CallFacts,
         run_mode: RunMode = RunMode.EXECUTE,
         approval_id: UUID | None = None,
+        workflow: WorkflowVersion | None = None,
     ) -> tuple[Observation, str | None]:
         def refuse(reason: str) -> tuple[Observation, str]:
             obs = Observation(
@@ -493,6 +555,11 @@ class ToolDispatcher:
         decision = self.access.decide(ctx.agent, ctx.principal, name, action_type, mode=ctx.mode)
         if not decision.allowed:
             return refuse(f"access denied: {decision.reason}")
+        if workflow is not None and not workflow.allows(name, tool.connector):
+            # Before any grant is read: the workflow's allow-list bounds what its runs may
+            # reach, whatever the principal's grants allow.
+            of = "" if tool.connector is None else f" (connector {tool.connector!r})"
+            return refuse(f"workflow {workflow.label} does not allow {name!r}{of}")
         verdict: Verdict | None = None
         if tool.connector is not None:
             # Fail closed: a connector's tool runs only when its policy says so.
@@ -518,6 +585,13 @@ class ToolDispatcher:
                 and (run_mode is RunMode.EXECUTE or tier is CapabilityTier.READ)
             ):
                 return refuse(f"approval required: {verdict.reason}")
+        gated = None if workflow is None else workflow.needs_approval(name, tier)
+        if (
+            gated is not None
+            and approval_id is None
+            and (run_mode is RunMode.EXECUTE or tier is CapabilityTier.READ)
+        ):
+            return refuse(f"approval required: {gated}")
         if run_mode is not RunMode.EXECUTE and tier is not CapabilityTier.READ:
             # Decided like any call (schema, grants, constraints), then not run: nothing
             # with a side effect happens in a dry run or a shadow run.
@@ -561,6 +635,9 @@ class ToolDispatcher:
         full = _text(output)
         facts.result_sha256 = _sha256(full)
         facts.source_ids = _source_ids(output)
+        facts.source_versions = _source_versions(output)
+        if len(full) > self.settings.payload_inline_bytes:
+            facts.result_payload = json.dumps(scrub(output), default=str, ensure_ascii=False)
         bounded, text, truncated = _bound(output, self.settings.tool_output_chars, full)
         obs = Observation(
             tool=name,

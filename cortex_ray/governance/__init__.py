@@ -1,7 +1,8 @@
-"""Governed actions (issue 18): connectors and their grants, decided in the one invocation
-gate (``cortex_ray.act``), and the use cases that manage them."""
+"""Governed actions (issue 18): connectors and their grants, workflows and their versions,
+decided in the one invocation gate (``cortex_ray.act``), and the use cases that manage them."""
 
 from cortex_ray.governance._discovery import CONNECTOR_ENTRY_POINTS, discover_connectors
+from cortex_ray.governance._ledger import LedgerEvent, RunLedger, Workflows
 from cortex_ray.governance._policy import (
     REDACTED,
     ConnectorPolicy,
@@ -29,6 +30,21 @@ from cortex_ray.governance._types import (
     Verdict,
 )
 from cortex_ray.governance._use_cases import ConnectorView, Governance
+from cortex_ray.governance._workflows import (
+    EvidenceCheck,
+    RequiredEvidence,
+    RiskLevel,
+    Workflow,
+    WorkflowAcceptance,
+    WorkflowStore,
+    WorkflowVersion,
+    WorkflowVersionSpec,
+    check_evidence,
+    check_input_schema,
+    check_inputs,
+    evidence_of,
+    run_mode_for,
+)
 
 __all__ = [
     "CONNECTOR_ENTRY_POINTS",
@@ -41,13 +57,18 @@ __all__ = [
     "ConnectorInstance",
     "ConnectorPolicy",
     "ConnectorView",
+    "EvidenceCheck",
     "Governance",
     "GovernanceStore",
     "GrantRequest",
     "HealthProbe",
+    "LedgerEvent",
     "ReportedCall",
+    "RequiredEvidence",
+    "RiskLevel",
     "RunLabel",
     "RunLabelRecord",
+    "RunLedger",
     "RunReport",
     "Schedule",
     "ScheduleStatus",
@@ -56,9 +77,20 @@ __all__ = [
     "SecretStore",
     "ShadowAcceptance",
     "Verdict",
+    "Workflow",
+    "WorkflowAcceptance",
+    "WorkflowStore",
+    "WorkflowVersion",
+    "WorkflowVersionSpec",
+    "Workflows",
     "check_constraints",
+    "check_evidence",
+    "check_input_schema",
+    "check_inputs",
     "discover_connectors",
+    "evidence_of",
     "load_secret_key",
     "redact",
     "redact_values",
+    "run_mode_for",
 ]

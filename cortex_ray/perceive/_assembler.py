@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 from uuid import UUID
 
@@ -69,6 +69,7 @@ class WorkingMemoryAssembler:
         step_index: int = 0,
         max_steps: int | None = None,
         run_id: UUID | None = None,
+        allowed: Callable[[ToolSpec], bool] | None = None,
     ) -> WorkingMemory:
         with tracer.start_as_current_span(
             "perceive", attributes={"cortex.mode": mode.value, "cortex.step": step_index}
@@ -87,6 +88,8 @@ class WorkingMemoryAssembler:
                 # An autonomous run has no person to reply to: its dialogue is the
                 # finish message.
                 if not (mode is AgentMode.AUTONOMOUS and spec.name == "reply")
+                # a workflow run sees only what its version allows (the gate refuses the rest)
+                and (allowed is None or allowed(spec))
             )
             shown = held
             hidden: tuple[ToolSpec, ...] = ()

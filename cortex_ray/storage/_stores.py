@@ -137,13 +137,16 @@ def _run(row: dict[str, Any], steps: Sequence[Step] = ()) -> TaskRun:
         trace_attempt=row.get("trace_attempt"),
         cost=None if row.get("cost") is None else RunCost.model_validate(row["cost"]),
         run_mode=RunMode(row.get("run_mode") or RunMode.EXECUTE),
+        workflow_version_id=row.get("workflow_version_id"),
+        workflow_inputs=row.get("workflow_inputs"),
     )
 
 
 _INSERT_RUN = """
 INSERT INTO task_runs (org_id, id, agent_id, name, goal, status, max_steps, caller_id,
-                       requested_by, contact_context, created_at, trace_parent, run_mode)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                       requested_by, contact_context, created_at, trace_parent, run_mode,
+                       workflow_version_id, workflow_inputs)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 # ``args`` goes as JSON text (see ``_audit_params``).
@@ -151,9 +154,10 @@ _INSERT_AUDIT = """
 INSERT INTO audit_log (org_id, principal_id, agent_id, mode, tool, action_type, status,
                        reason, args, duration_ms, run_id, step_index, session_id,
                        idempotency_key, tier, decision, input_sha256, result_sha256,
-                       source_ids, connector, grant_ids, workflow_id, run_mode)
+                       source_ids, connector, grant_ids, workflow_id, run_mode, args_ref,
+                       result_ref, source_versions)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s,
-        %s, %s, %s, %s, %s, %s, %s, %s)
+        %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 # A run and the audit row of its submission in one statement (the run's parameters first).
@@ -174,7 +178,9 @@ def _audit_params(entry: AuditEntry) -> tuple[Any, ...]:
         # arguments never reaches the audit log), then encoded once, as text
         # (``default=str``: any value an argument may hold); decoding it again only for
         # Jsonb to encode it a second time cost a second pass.
-        json.dumps(scrub(entry.args), default=str),
+        entry.args_json
+        if entry.args_json is not None
+        else json.dumps(scrub(entry.args), default=str),
         entry.duration_ms,
         entry.run_id,
         entry.step_index,
@@ -189,7 +195,16 @@ def _audit_params(entry: AuditEntry) -> tuple[Any, ...]:
         list(entry.grant_ids) if entry.grant_ids else None,
         entry.workflow_id,
         entry.run_mode,
+        entry.args_ref,
+        entry.result_ref,
+        list(entry.source_versions) if entry.source_versions else None,
     )
+
+
+_INSERT_PAYLOAD = """
+INSERT INTO payloads (org_id, sha256, body, bytes) VALUES (%s, %s, %s, %s)
+ON CONFLICT (org_id, sha256) DO NOTHING
+"""
 
 
 class AuditEntry:
@@ -199,6 +214,8 @@ class AuditEntry:
         "action_type",
         "agent_id",
         "args",
+        "args_json",
+        "args_ref",
         "connector",
         "decision",
         "duration_ms",
@@ -207,13 +224,16 @@ class AuditEntry:
         "input_sha256",
         "mode",
         "org_id",
+        "payloads",
         "principal_id",
         "reason",
+        "result_ref",
         "result_sha256",
         "run_id",
         "run_mode",
         "session_id",
         "source_ids",
+        "source_versions",
         "status",
         "step_index",
         "tier",
@@ -247,6 +267,11 @@ class AuditEntry:
         grant_ids: tuple[UUID, ...] = (),
         workflow_id: UUID | None = None,
         run_mode: str | None = None,
+        args_ref: str | None = None,
+        result_ref: str | None = None,
+        source_versions: tuple[str, ...] = (),
+        payloads: tuple[tuple[str, str], ...] = (),
+        args_json: str | None = None,
     ) -> None:
         self.org_id = org_id
         self.principal_id = principal_id
@@ -271,6 +296,14 @@ class AuditEntry:
         self.grant_ids = grant_ids
         self.workflow_id = workflow_id
         self.run_mode = run_mode
+        self.args_ref = args_ref
+        self.result_ref = result_ref
+        self.source_versions = source_versions
+        self.payloads = payloads
+        self.args_json = args_json
+        """``args`` already scrubbed and encoded as JSON text, when the gate did it."""
+        """(sha256, text) of the large arguments or result this row references by hash
+        (``args_ref``, ``result_ref``): stored once per organisation with the row."""
 
 
 _COST_FIELDS = tuple(
@@ -447,6 +480,8 @@ class Store:
             run.created_at,
             run.trace_parent,
             run.run_mode.value,
+            run.workflow_version_id,
+            None if run.workflow_inputs is None else Jsonb(run.workflow_inputs),
         )
         async with self.db.connection() as conn:
             if audit is None:
@@ -814,7 +849,38 @@ class Store:
 
     @staticmethod
     async def insert_audit(conn: Conn, entry: AuditEntry) -> None:
+        """One audit row, and the payloads it references (each kept once per organisation:
+        a payload already stored is not written again)."""
+        for sha, body in entry.payloads:
+            await conn.execute(_INSERT_PAYLOAD, (entry.org_id, sha, body, len(body.encode())))
         await conn.execute(_INSERT_AUDIT, _audit_params(entry))
+
+    async def payload_of_a_run(self, org_id: str, sha256: str) -> bool:
+        """Whether a call of some run references this payload (a member may read it, as
+        the run's report); a direct call's or a session's alone is the admins'."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT EXISTS (SELECT 1 FROM audit_log WHERE org_id = %s AND args_ref = %s
+                                 AND run_id IS NOT NULL)
+                    OR EXISTS (SELECT 1 FROM audit_log WHERE org_id = %s AND result_ref = %s
+                                 AND run_id IS NOT NULL) AS found
+                """,
+                (org_id, sha256, org_id, sha256),
+            )
+            row = await cur.fetchone()
+        return bool(row and row["found"])
+
+    async def payloads(self, org_id: str, shas: Sequence[str]) -> dict[str, str]:
+        """Stored payloads by sha256 (JSON text), those of this organisation only."""
+        if not shas:
+            return {}
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT sha256, body FROM payloads WHERE org_id = %s AND sha256 = ANY(%s)",
+                (org_id, list(shas)),
+            )
+            return {r["sha256"]: r["body"] for r in await cur.fetchall()}
 
     async def audit_rows(
         self, org_id: str, *, run_id: UUID | None = None, gate_only: bool = False

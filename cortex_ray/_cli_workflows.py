@@ -1,0 +1,261 @@
+"""``cortex-ray workflow ...``: the workflow use cases from the command line (issue 18,
+point 5). Each command parses, calls ``Runtime.workflows`` as the operator, renders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.text import Text
+
+from cortex_ray._exceptions import InvalidRequestError
+from cortex_ray._types import Principal, RunMode
+from cortex_ray.governance import WorkflowVersionSpec
+
+__all__ = ["workflow_app"]
+
+workflow_app = typer.Typer(
+    help="Workflows: definitions, immutable versions, runs and their ledgers.",
+    no_args_is_help=True,
+)
+
+
+def _cli() -> Any:
+    """``cortex_ray.cli``, imported when a command runs (it registers these at its end)."""
+    from cortex_ray import cli
+
+    return cli
+
+
+def _json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"{what} is not JSON: {exc.msg} at column {exc.colno}") from None
+
+
+def _spec(source: str) -> WorkflowVersionSpec:
+    """A version's spec from a JSON file (``@path``) or inline JSON."""
+    if source.startswith("@"):
+        try:
+            source = Path(source[1:]).read_text()
+        except OSError as exc:
+            raise InvalidRequestError(f"cannot read {source[1:]}: {exc.strerror}") from None
+    data = _json(source, "the version")
+    if not isinstance(data, dict):
+        raise InvalidRequestError("the version must be a JSON object")
+    try:
+        return WorkflowVersionSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidRequestError(f"the version: {where}: {first['msg']}") from None
+
+
+@workflow_app.command("create")
+def workflow_create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Unique in the organisation.")],
+    description: Annotated[str, typer.Option("--description", help="What it is for.")] = "",
+) -> None:
+    """Define a workflow (then publish a version of it)."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        async with _cli()._runtime(with_models=False) as runtime:
+            made = await runtime.workflows.create(
+                org, name, description=description, principal=Principal.operator(org)
+            )
+        _cli()._out.print(Text(f"workflow {made.name} ({made.id}) defined in {org}"))
+        return 0
+
+    _cli()._execute(work())
+
+
+@workflow_app.command("publish")
+def workflow_publish(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The workflow.")],
+    version_spec: Annotated[
+        str,
+        typer.Argument(
+            metavar="SPEC",
+            help="The version as JSON, or @file.json: instructions, input_schema, tools, "
+            "connectors, required_evidence, risk, approval_tools, approval_tiers, default_mode.",
+        ),
+    ],
+    version: Annotated[
+        int | None, typer.Option("--version", help="Exactly this version (idempotent).")
+    ] = None,
+) -> None:
+    """Publish a new, immutable version."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        spec = _spec(version_spec)
+        async with _cli()._runtime(with_models=False) as runtime:
+            made, fresh = await runtime.workflows.publish(
+                org, name, spec, version=version, principal=Principal.operator(org)
+            )
+        what = "published" if fresh else "already published with this spec"
+        _cli()._out.print(Text(f"workflow {made.label} {what} ({made.id})"))
+        return 0
+
+    _cli()._execute(work())
+
+
+@workflow_app.command("list")
+def workflow_list(ctx: typer.Context) -> None:
+    """The organisation's workflows and their latest versions."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        async with _cli()._runtime(with_models=False) as runtime:
+            found = await runtime.workflows.list_workflows(org, principal=Principal.operator(org))
+        table = _cli()._list_table(f"workflows in {org}")
+        for column in ("name", "latest", "description"):
+            table.add_column(column, overflow="fold")
+        for w in found:
+            latest = "" if w.latest_version is None else f"v{w.latest_version}"
+            table.add_row(w.name, latest, Text(w.description))
+        _cli()._out.print(table)
+        return 0
+
+    _cli()._execute(work())
+
+
+@workflow_app.command("show")
+def workflow_show(
+    ctx: typer.Context, name: Annotated[str, typer.Argument(help="The workflow.")]
+) -> None:
+    """A workflow's versions: allow-list, gates, evidence, risk, default mode."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        async with _cli()._runtime(with_models=False) as runtime:
+            found, versions = await runtime.workflows.get(
+                org, name, principal=Principal.operator(org)
+            )
+        table = _cli()._list_table(f"workflow {found.name}")
+        for column in ("version", "mode", "risk", "allows", "approval", "evidence"):
+            table.add_column(column, overflow="fold")
+        for v in versions:
+            allows = ", ".join([*v.tools, *(f"{c}.*" for c in v.connectors)])
+            gates = ", ".join([*v.approval_tools, *(t.value for t in v.approval_tiers)])
+            ev = v.required_evidence
+            evidence = f">={ev.min_sources} sources" + (
+                f"; {', '.join(ev.sources)}" if ev.sources else ""
+            )
+            table.add_row(
+                str(v.version), v.default_mode.value, v.risk.value, allows, gates, evidence
+            )
+        _cli()._out.print(table)
+        return 0
+
+    _cli()._execute(work())
+
+
+@workflow_app.command("run")
+def workflow_run(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The workflow.")],
+    agent: Annotated[str, typer.Argument(help="The AUTONOMOUS agent that runs it.")],
+    inputs: Annotated[str, typer.Option("--inputs", help="The inputs, a JSON object.")] = "{}",
+    version: Annotated[int | None, typer.Option("--version", help="Default: latest.")] = None,
+    run_mode: Annotated[
+        RunMode | None, typer.Option("--mode", help="Default: the version's (only safer).")
+    ] = None,
+    max_steps: Annotated[int | None, typer.Option("--max-steps")] = None,
+) -> None:
+    """Run a workflow here. Exit 0 if COMPLETED, 3 if FAILED."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        data = _json(inputs, "--inputs")
+        async with _cli()._runtime(with_models=True) as runtime:
+            run = await runtime.workflows.start_run(
+                org, name, agent, data, version=version, run_mode=run_mode,
+                max_steps=max_steps, principal=Principal.operator(org),
+            )  # fmt: skip
+            found = await runtime.get_agent(org, run.agent_id, principal=Principal.operator(org))
+            run = await _cli()._drive_live(runtime, org, run, found, resume=False)
+            _cli()._print_run(run, found.name)
+            return int(_cli()._run_exit_code(run))
+
+    _cli()._execute(work())
+
+
+@workflow_app.command("ledger")
+def workflow_ledger(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="The whole ledger as JSON.")] = False,
+) -> None:
+    """A run's ledger: one timeline of proposals, gate decisions, approvals, evidence."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        key = _cli()._parse_uuid(run_id, "run")
+        async with _cli()._runtime(with_models=False) as runtime:
+            ledger = await runtime.workflows.ledger(
+                org, key, payloads=as_json, principal=Principal.operator(org)
+            )
+        if as_json:
+            typer.echo(ledger.model_dump_json(indent=2))
+            return 0
+        which = "no workflow" if ledger.workflow is None else f"{ledger.workflow} v{ledger.version}"
+        title = f"run {ledger.run_id}: {which}, {ledger.run_mode.value}, {ledger.status}"
+        table = _cli()._list_table(title)
+        for column in ("#", "step", "event", "tool", "outcome", "detail"):
+            table.add_column(column, overflow="fold")
+        for e in ledger.events:
+            detail = e.summary
+            if e.kind == "call" and e.data.get("source_ids"):
+                detail = f"sources {', '.join(e.data['source_ids'])} {detail}".strip()
+            if e.payloads:
+                detail = f"{detail} [payload {', '.join(p[:12] for p in e.payloads)}]".strip()
+            table.add_row(
+                str(e.seq),
+                "" if e.step_index is None else str(e.step_index + 1),
+                e.kind,
+                e.tool or "",
+                e.outcome or "",
+                Text(_cli()._shorten(detail, 100)),
+            )
+        _cli()._out.print(table)
+        return 0
+
+    _cli()._execute(work())
+
+
+@workflow_app.command("acceptance")
+def workflow_acceptance(
+    ctx: typer.Context,
+    name: Annotated[str | None, typer.Option("--workflow", help="Only this workflow.")] = None,
+) -> None:
+    """Acceptance of shadow runs per workflow version: runs, labels, proposals, rate."""
+    org = _cli()._org(ctx)
+
+    async def work() -> int:
+        async with _cli()._runtime(with_models=False) as runtime:
+            rows = await runtime.workflows.acceptance(
+                org, name=name, principal=Principal.operator(org)
+            )
+        table = _cli()._list_table(f"shadow runs per workflow in {org}")
+        for column in ("workflow", "version", "runs", "labelled", "accepted", "proposals", "rate"):
+            table.add_column(column)
+        for r in rows:
+            rate = "" if r.acceptance_rate is None else f"{r.acceptance_rate:.0%}"
+            table.add_row(
+                r.workflow,
+                f"v{r.version}",
+                *(str(v) for v in (r.runs, r.labelled, r.accepted, r.proposals)),
+                rate,
+            )
+        _cli()._out.print(table)
+        return 0
+
+    _cli()._execute(work())
