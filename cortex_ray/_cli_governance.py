@@ -381,14 +381,14 @@ def approvals_list(
                 principal=Principal.operator(org),
             )
         table = _cli()._list_table(f"approval requests in {org}")
-        for column in ("id", "status", "run", "step", "call", "expires"):
+        for column in ("id", "status", "run / turn", "step / round", "call", "expires"):
             table.add_column(column, overflow="fold")
         for a in found:
             call = f"{a.tool}({json.dumps(a.args, ensure_ascii=False)}) [{a.tier}]"
             table.add_row(
                 str(a.id),
                 a.status.value,
-                str(a.run_id),
+                f"run {a.run_id}" if a.run_id is not None else f"turn {a.turn_id}",
                 str(a.step_index + 1),
                 Text(_cli()._shorten(call, 80)),
                 a.expires_at.isoformat(timespec="seconds"),
@@ -408,14 +408,18 @@ def _decide_approval(ctx: typer.Context, approval_id: str, approve: bool, note: 
             decided = await runtime.governance.decide_approval(
                 org, key, approve=approve, note=note, principal=Principal.operator(org)
             )
-        _cli()._out.print(
-            Text(
+        if decided.run_id is None:
+            said = (
+                f"approval {decided.id}: {decided.status.value}; the turn {decided.turn_id} "
+                "waiting for it continues"
+            )
+        else:
+            said = (
                 f"approval {decided.id}: {decided.status.value}; run {decided.run_id} is "
                 "RUNNING again (the API's supervisor continues it; here: "
                 f"cortex-ray runs resume {decided.run_id})"
-            ),
-            soft_wrap=True,
-        )
+            )
+        _cli()._out.print(Text(said), soft_wrap=True)
         return 0
 
     _cli()._execute(work())

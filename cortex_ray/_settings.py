@@ -608,6 +608,12 @@ class Settings(BaseSettings):
         description="how long an approval request waits for a person; then it expires, "
         "which counts as a rejection",
     )
+    approval_poll_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="how often an interactive turn waiting for an approval reads its request "
+        "(the decision is made in another process, through the API or the CLI)",
+    )
     approval_excludes_requester: bool = Field(
         default=False,
         description="the person who started a run may not approve its calls",

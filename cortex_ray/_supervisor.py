@@ -68,6 +68,8 @@ class RunSupervisor:
         started = 0
         # Approval requests out of time count as rejections: their runs continue at once.
         for expired in await self.runtime.governance.expire_approvals():
+            if expired.run_id is None:  # a turn's: the turn waiting for it sees the expiry
+                continue
             try:
                 await self.executor.start_run(expired.org_id, expired.run_id)
                 started += 1

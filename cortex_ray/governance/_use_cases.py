@@ -378,7 +378,10 @@ class Governance:
             pending = await self.gov.approval(org_id, approval_id)
             requester = None
             if self.excludes_requester:
-                requester = (await self.store.get_run(org_id, pending.run_id)).requested_by
+                # A turn's request: the person in the conversation; a run's: who started it.
+                requester = pending.requested_by
+                if pending.run_id is not None:
+                    requester = (await self.store.get_run(org_id, pending.run_id)).requested_by
             approvers = pending.approvers
         else:
             requester, approvers = None, ()
