@@ -388,7 +388,7 @@ def approvals_list(
             table.add_row(
                 str(a.id),
                 a.status.value,
-                f"run {a.run_id}" if a.run_id is not None else f"turn {a.turn_id}",
+                str(a.run_id) if a.run_id is not None else f"turn {a.turn_id}",
                 str(a.step_index + 1),
                 Text(_cli()._shorten(call, 80)),
                 a.expires_at.isoformat(timespec="seconds"),
@@ -558,6 +558,9 @@ def schedules_create(
     ] = None,
     tz: Annotated[str, typer.Option("--tz", help="The cron's time zone.")] = "UTC",
     max_steps: Annotated[int, typer.Option("--max-steps", help="Each run's budget.")] = 8,
+    max_seconds: Annotated[
+        int, typer.Option("--max-seconds", help="Each run's wall-time cap (0: none).")
+    ] = 3600,
     run_mode: Annotated[RunMode, typer.Option("--mode", help="execute|dry_run|shadow")] = (
         RunMode.EXECUTE
     ),
@@ -576,6 +579,7 @@ def schedules_create(
                 run_at=at,
                 timezone=tz,
                 max_steps=max_steps,
+                max_seconds=max_seconds or None,
                 run_mode=run_mode,
                 max_steps_limit=runtime.settings.max_steps_limit,
                 principal=Principal.operator(org),

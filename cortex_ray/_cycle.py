@@ -452,6 +452,21 @@ class DecisionCycle:
                 run = run.model_copy(update={"trace_attempt": attempt})  # as stored
             timeline = diagnostics.current_timeline()
             for step_index in range(len(steps), run.max_steps):
+                if run.deadline_at is not None and utcnow() >= run.deadline_at:
+                    # The wall-time cap: checked between steps (a step under way is bounded
+                    # by the gate's tool timeout and the model's own).
+                    capped = await self._finish(
+                        agent,
+                        run,
+                        lease,
+                        RunStatus.FAILED,
+                        reason="time cap reached: the run was still going at its deadline "
+                        f"{run.deadline_at.isoformat(timespec='seconds')} after "
+                        f"{len(steps)} step(s)",
+                    )
+                    end_run_span(span, capped)
+                    _run_done(agent, capped)
+                    return capped.model_copy(update={"steps": tuple(steps)})
                 if timeline is not None:
                     timeline.step = step_index
                 step, final = await self._autonomous_step(

@@ -296,6 +296,12 @@ class RunPolicy(BaseModel):
         description="a RUNNING run without a live lease is resumed by the supervisor only when "
         "older than this (a run just submitted is about to be taken by its executor)",
     )
+    schedule_poll_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="the scheduler sleeps until the earliest schedule is due, but at most this "
+        "long: how late a schedule made or resumed through another process may fire",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RunPolicy:

@@ -557,6 +557,11 @@ class TaskRun(_Model):
     run_mode: RunMode = Field(
         default=RunMode.EXECUTE, description="execute, dry_run or shadow (RunMode)"
     )
+    deadline_at: datetime | None = Field(
+        default=None,
+        description="its wall-time cap (a schedule's max_seconds from when it fired): past "
+        "it the run ends FAILED at its next step",
+    )
 
     def objective(self) -> str:
         """What the agent works towards: the goal, and the contact context when there is one."""

@@ -299,6 +299,13 @@ class ScheduleCreate(_Body):
     )
     timezone: str = Field(default="UTC", max_length=100, pattern=r"^[^\x00]+$")
     max_steps: int = Field(default=8, ge=1)
+    max_seconds: int | None = Field(
+        default=3600,
+        ge=1,
+        le=7 * 86400,
+        description="each run's wall-time cap from when it fires (null: none); past it the "
+        "run ends FAILED at its next step",
+    )
     run_mode: RunMode = RunMode.EXECUTE
 
 
@@ -312,6 +319,7 @@ class ScheduleBody(_Out):
     timezone: str
     next_run_at: datetime | None
     max_steps: int
+    max_seconds: int | None
     run_mode: RunMode
     status: str
     created_by: str
@@ -578,6 +586,7 @@ def governance_router() -> APIRouter:
             run_at=body.run_at,
             timezone=body.timezone,
             max_steps=body.max_steps,
+            max_seconds=body.max_seconds,
             run_mode=body.run_mode,
             name=body.name,
             max_steps_limit=state.runtime.settings.max_steps_limit,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -15,6 +16,7 @@ from cortex_ray._types import AgentMode, Principal, RunMode, RunStatus, utcnow
 from cortex_ray.access import UseCase
 from cortex_ray.governance._policy import ConnectorPolicy, check_constraints
 from cortex_ray.governance._schedules import (
+    DEFAULT_MAX_SECONDS,
     Schedule,
     ScheduleStatus,
     ScheduleStore,
@@ -90,6 +92,8 @@ class Governance:
         self.excludes_requester = excludes_requester
         self.secrets = secrets
         self.schedules = ScheduleStore(store.db)
+        self.schedules_changed = asyncio.Event()
+        """Set when a schedule is made or resumed here: wakes this process's scheduler."""
         self.store = store
         self.gov = governance
         self.policy = policy
@@ -471,13 +475,16 @@ class Governance:
         run_at: Any = None,
         timezone: str = "UTC",
         max_steps: int = 8,
+        max_seconds: int | None = DEFAULT_MAX_SECONDS,
         run_mode: RunMode = RunMode.EXECUTE,
         name: str = "",
         max_steps_limit: int = 64,
         principal: Principal | None = None,
     ) -> Schedule:
         """A recurring (``cron`` in ``timezone``, or every ``interval_s`` from ``run_at`` or
-        now) or one-off (``run_at``) autonomous task of an AUTONOMOUS agent.
+        now) or one-off (``run_at``) autonomous task of an AUTONOMOUS agent; each run capped
+        at ``max_steps`` and ``max_seconds`` of wall time from when it fires (``None``: no
+        time cap).
 
         Raises:
             NotFoundError: No such agent here.
@@ -502,12 +509,14 @@ class Governance:
                 timezone=timezone,
                 next_run_at=run_at,
                 max_steps=max_steps,
+                max_seconds=max_seconds,
                 run_mode=run_mode,
                 created_by=caller.id,
             ),
             utcnow(),
         )
         await self.schedules.create(schedule)
+        self.schedules_changed.set()
         await self._audited(caller, UseCase.SCHEDULES_CREATE, org_id, args=args)
         return schedule
 
@@ -560,8 +569,14 @@ class Governance:
         }[action]
         changed = await self.schedules.set_status(org_id, schedule_id, status)
         assert changed is not None
+        if status == ScheduleStatus.ACTIVE:
+            self.schedules_changed.set()
         await self._audited(caller, UseCase.SCHEDULES_CHANGE, org_id, args=args)
         return changed
+
+    async def next_schedule_at(self) -> datetime | None:
+        """When the earliest active schedule is due (the scheduler's sleep)."""
+        return await self.schedules.next_due_at()
 
     async def fire_due_schedules(self, now: Any = None) -> list[tuple[str, UUID]]:
         """Fire every due schedule once (the scheduler's sweep, in every organisation): the

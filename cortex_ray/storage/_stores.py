@@ -137,6 +137,7 @@ def _run(row: dict[str, Any], steps: Sequence[Step] = ()) -> TaskRun:
         trace_attempt=row.get("trace_attempt"),
         cost=None if row.get("cost") is None else RunCost.model_validate(row["cost"]),
         run_mode=RunMode(row.get("run_mode") or RunMode.EXECUTE),
+        deadline_at=row.get("deadline_at"),
     )
 
 
