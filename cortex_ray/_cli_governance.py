@@ -515,6 +515,26 @@ def secrets_delete(
     _cli()._execute(work())
 
 
+@secrets_app.command("rotate")
+def secrets_rotate() -> None:
+    """Re-seal every organisation's secrets under the current key (CORTEX_SECRET_KEY or its
+    file), opening them with the older keys in CORTEX_SECRET_PREVIOUS_KEYS; run it after
+    changing the key, then drop the older keys."""
+
+    async def work() -> int:
+        async with _cli()._runtime(with_models=False) as runtime:
+            done = await runtime.governance.rotate_secret_key()
+        _cli()._out.print(
+            Text(f"secrets re-sealed under the current key: {done.resealed}; already: "
+                 f"{done.current}; opened by no key: {len(done.unreadable)}")
+        )  # fmt: skip
+        for org_id, name in done.unreadable:
+            _cli()._out.print(Text(f"  not opened by any key: {name} in {org_id}"))
+        return 1 if done.unreadable else 0
+
+    _cli()._execute(work())
+
+
 schedules_app = typer.Typer(
     help="Recurring and one-off autonomous tasks: list, create, suspend, resume, cancel.",
     no_args_is_help=True,

@@ -634,6 +634,12 @@ class Settings(BaseSettings):
         description="a file holding that key; unset: data_dir/secret.key, made (mode 0600) "
         "on first use",
     )
+    secret_previous_keys: SecretStr | None = Field(
+        default=None,
+        description="older keys, comma-separated (urlsafe base64), still accepted for "
+        "reading while `cortex-ray secrets rotate` re-seals every secret under the current "
+        "key (docs/governance.md, Secrets)",
+    )
     stop_after_repeats: int = Field(
         default=3,
         ge=0,

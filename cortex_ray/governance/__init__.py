@@ -10,7 +10,13 @@ from cortex_ray.governance._policy import (
     redact_values,
 )
 from cortex_ray.governance._schedules import Schedule, ScheduleStatus, ScheduleStore
-from cortex_ray.governance._secrets import SecretInfo, SecretStore, load_secret_key
+from cortex_ray.governance._secrets import (
+    Rotation,
+    SecretInfo,
+    SecretStore,
+    load_previous_keys,
+    load_secret_key,
+)
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
     Approval,
@@ -46,6 +52,7 @@ __all__ = [
     "GrantRequest",
     "HealthProbe",
     "ReportedCall",
+    "Rotation",
     "RunLabel",
     "RunLabelRecord",
     "RunReport",
@@ -58,6 +65,7 @@ __all__ = [
     "Verdict",
     "check_constraints",
     "discover_connectors",
+    "load_previous_keys",
     "load_secret_key",
     "redact",
     "redact_values",

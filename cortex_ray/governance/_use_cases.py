@@ -22,7 +22,7 @@ from cortex_ray.governance._schedules import (
     ScheduleStore,
     validate_schedule,
 )
-from cortex_ray.governance._secrets import SecretInfo, SecretStore
+from cortex_ray.governance._secrets import Rotation, SecretInfo, SecretStore
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
     Approval,
@@ -461,6 +461,13 @@ class Governance:
         caller = await self._authorize(principal, UseCase.SECRETS_DELETE, org_id, args=args)
         await self._secret_store().delete(org_id, name)
         await self._audited(caller, UseCase.SECRETS_DELETE, org_id, args=args)
+
+    async def rotate_secret_key(self) -> Rotation:
+        """Re-seal every organisation's secrets under the current key (``secret_key``) that
+        only an older one (``secret_previous_keys``) opens. An installation's operation, not
+        an organisation's: whoever runs it holds the database and the keys (``cortex-ray
+        secrets rotate``), like the supervisor's sweeps; no principal, no audit row."""
+        return await self._secret_store().rotate()
 
     # schedules ----------------------------------------------------------------------------
 
