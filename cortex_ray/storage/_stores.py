@@ -501,6 +501,14 @@ class Store:
         nothing written) when the run has ended; its driver stops at its next step commit,
         whose fenced write finds the run no longer RUNNING."""
         async with self.db.transaction() as conn:
+            # The run's pending request is locked before the run, in the order a decision
+            # and the expiry sweep lock them: a cancel racing a decision waits, never
+            # deadlocks.
+            await conn.execute(
+                "SELECT 1 FROM approvals WHERE org_id = %s AND run_id = %s "
+                "AND status = 'PENDING' FOR UPDATE",
+                (org_id, run_id),
+            )
             cur = await conn.execute(
                 "SELECT status FROM task_runs WHERE org_id = %s AND id = %s FOR UPDATE",
                 (org_id, run_id),
