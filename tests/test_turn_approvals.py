@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -272,3 +273,36 @@ async def test_a_turn_streams_approval_required_over_http(runtime: Runtime, org:
         assert ran == [("crm_update", {"name": "ann", "region": "eu"})]
     finally:
         await executor.aclose()
+
+
+async def test_the_migration_goes_both_ways(
+    scratch_database: Callable[[str], AbstractAsyncContextManager[str]],
+) -> None:
+    """0019 up: a turn's request fits; one with a turn but no session, or with neither a run
+    nor a turn, does not; down: turn requests go; up again."""
+    import psycopg
+
+    from cortex_ray.storage._database import _alembic
+
+    turn_row = (
+        "INSERT INTO approvals (org_id, id, session_id, turn_id, step_index, tool, args, tier, "
+        "requested_by, expires_at) VALUES ('o', gen_random_uuid(), gen_random_uuid(), "
+        "gen_random_uuid(), 0, 't', '{}', 'write', 'bob', now())"
+    )
+    async with scratch_database("turn_approvals_migration") as dsn:
+        await asyncio.to_thread(_alembic, dsn, "upgrade", "0019")
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(turn_row)
+            with pytest.raises(psycopg.errors.CheckViolation):
+                await conn.execute(turn_row.replace("gen_random_uuid(), 0,", "NULL, 0,"))
+            with pytest.raises(psycopg.errors.CheckViolation):  # neither a run nor a turn
+                await conn.execute(
+                    "INSERT INTO approvals (org_id, id, step_index, tool, args, tier, "
+                    "requested_by, expires_at) VALUES ('o', gen_random_uuid(), 0, 't', '{}', "
+                    "'write', 'bob', now())"
+                )
+        await asyncio.to_thread(_alembic, dsn, "downgrade", "0017")
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            left = await (await conn.execute("SELECT count(*) FROM approvals")).fetchone()
+            assert left == (0,)
+        await asyncio.to_thread(_alembic, dsn, "upgrade", "0019")
