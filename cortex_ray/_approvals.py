@@ -12,10 +12,18 @@ finds the decided request for its next step here:
   denies) without asking for approval twice;
 - rejected or expired: the step is recorded with a REFUSED observation saying so, and the
   agent decides its next step knowing it.
+
+An interactive turn has a person waiting on the other end, so it waits too
+(``await_turn_approval``): the request (tied to the session, the turn and the tool round)
+is recorded, an APPROVAL_REQUIRED event streamed, and the row read every
+``approval_poll_s`` (the turn's lease renewed meanwhile) until it is decided or expires.
+A turn recovered after its driver died finds its round's request again.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -26,16 +34,24 @@ from cortex_ray._types import (
     RunStatus,
     Step,
     TaskRun,
+    TurnEvent,
+    TurnEventKind,
     utcnow,
 )
 from cortex_ray.act import Dispatch, InvocationContext
 from cortex_ray.governance import Approval, ApprovalStatus, GovernanceStore
-from cortex_ray.storage import RunLease
+from cortex_ray.storage import RunLease, TurnLease
 
 if TYPE_CHECKING:
     from cortex_ray._cycle import DecisionCycle
 
-__all__ = ["pause_for_approval", "replayed", "settle_approval"]
+__all__ = [
+    "await_turn_approval",
+    "pause_for_approval",
+    "refusal_reason",
+    "replayed",
+    "settle_approval",
+]
 
 EVIDENCE_CALLS = 5
 """How many of the run's latest calls an approval request shows as its evidence."""
@@ -116,12 +132,7 @@ async def settle_approval(
     decision = replayed(approval)
     action = decision.action
     assert action is not None
-    if approval.status is ApprovalStatus.EXPIRED:
-        why = f"approval expired at {approval.expires_at.isoformat(timespec='seconds')}"
-    else:
-        why = f"approval rejected by {approval.decided_by}" + (
-            f": {approval.note}" if approval.note else ""
-        )
+    why = refusal_reason(approval)
     observation = Observation(
         tool=action.tool,
         action_type=action.action_type,
@@ -153,3 +164,72 @@ async def settle_approval(
     )
     observations.append(observation)
     return await cycle.store.get_run(run.org_id, run.id), None
+
+
+def refusal_reason(approval: Approval) -> str:
+    """Why a request that was not approved stops its call (what the agent observes)."""
+    if approval.status is ApprovalStatus.EXPIRED:
+        return f"approval expired at {approval.expires_at.isoformat(timespec='seconds')}"
+    if approval.status is ApprovalStatus.CANCELLED:
+        return "approval cancelled" + (f": {approval.note}" if approval.note else "")
+    return f"approval rejected by {approval.decided_by}" + (
+        f": {approval.note}" if approval.note else ""
+    )
+
+
+async def await_turn_approval(
+    cycle: DecisionCycle,
+    store: GovernanceStore,
+    lease: TurnLease,
+    round_index: int,
+    decision: Decision,
+    dispatch: Dispatch,
+    observations: list[Observation],
+    emit: Callable[[TurnEvent], Awaitable[None]],
+) -> Approval:
+    """Record the round's request (or find the one a previous attempt of the turn made),
+    stream APPROVAL_REQUIRED, and wait until it is decided or expires (then EXPIRED here:
+    it counts as a rejection). Returns the request as decided."""
+    assert decision.action is not None
+    audit = dispatch.audit
+    turn = lease.turn
+    wanted = Approval(
+        org_id=turn.org_id,
+        session_id=turn.session_id,
+        turn_id=turn.id,
+        step_index=round_index,
+        tool=decision.action.tool,
+        args=decision.action.args,
+        tier=audit.tier.value if audit.tier is not None else "write",
+        decision=decision.model_dump(mode="json"),
+        evidence=[
+            {"tool": o.tool, "args": o.args, "status": o.status.value, "summary": o.summary[:500]}
+            for o in observations[-EVIDENCE_CALLS:]
+        ],
+        reason=audit.reason or "",
+        requested_by=turn.caller_id,
+        expires_at=utcnow() + timedelta(seconds=cycle.settings.approval_ttl_s),
+    )
+    approval = await store.put_turn_approval(wanted)
+    await emit(
+        TurnEvent(
+            kind=TurnEventKind.APPROVAL_REQUIRED,
+            round=round_index,
+            tool=approval.tool,
+            args=approval.args,
+            text=approval.reason,
+            approval_id=approval.id,
+            approvers=approval.approvers,
+            expires_at=approval.expires_at,
+        )
+    )
+    poll = cycle.settings.approval_poll_s
+    while approval.status is ApprovalStatus.PENDING:
+        left = (approval.expires_at - utcnow()).total_seconds()
+        if left <= 0:
+            expired = await store.decide(approval.org_id, approval.id, ApprovalStatus.EXPIRED, None)
+            approval = expired or await store.approval(approval.org_id, approval.id)
+            break
+        await asyncio.sleep(min(poll, left))
+        approval = await store.approval(approval.org_id, approval.id)
+    return approval

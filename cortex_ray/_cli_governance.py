@@ -381,14 +381,14 @@ def approvals_list(
                 principal=Principal.operator(org),
             )
         table = _cli()._list_table(f"approval requests in {org}")
-        for column in ("id", "status", "run", "step", "call", "expires"):
+        for column in ("id", "status", "run / turn", "step / round", "call", "expires"):
             table.add_column(column, overflow="fold")
         for a in found:
             call = f"{a.tool}({json.dumps(a.args, ensure_ascii=False)}) [{a.tier}]"
             table.add_row(
                 str(a.id),
                 a.status.value,
-                str(a.run_id),
+                str(a.run_id) if a.run_id is not None else f"turn {a.turn_id}",
                 str(a.step_index + 1),
                 Text(_cli()._shorten(call, 80)),
                 a.expires_at.isoformat(timespec="seconds"),
@@ -408,14 +408,18 @@ def _decide_approval(ctx: typer.Context, approval_id: str, approve: bool, note: 
             decided = await runtime.governance.decide_approval(
                 org, key, approve=approve, note=note, principal=Principal.operator(org)
             )
-        _cli()._out.print(
-            Text(
+        if decided.run_id is None:
+            said = (
+                f"approval {decided.id}: {decided.status.value}; the turn {decided.turn_id} "
+                "waiting for it continues"
+            )
+        else:
+            said = (
                 f"approval {decided.id}: {decided.status.value}; run {decided.run_id} is "
                 "RUNNING again (the API's supervisor continues it; here: "
                 f"cortex-ray runs resume {decided.run_id})"
-            ),
-            soft_wrap=True,
-        )
+            )
+        _cli()._out.print(Text(said), soft_wrap=True)
         return 0
 
     _cli()._execute(work())
@@ -511,6 +515,26 @@ def secrets_delete(
     _cli()._execute(work())
 
 
+@secrets_app.command("rotate")
+def secrets_rotate() -> None:
+    """Re-seal every organisation's secrets under the current key (CORTEX_SECRET_KEY or its
+    file), opening them with the older keys in CORTEX_SECRET_PREVIOUS_KEYS; run it after
+    changing the key, then drop the older keys."""
+
+    async def work() -> int:
+        async with _cli()._runtime(with_models=False) as runtime:
+            done = await runtime.governance.rotate_secret_key()
+        _cli()._out.print(
+            Text(f"secrets re-sealed under the current key: {done.resealed}; already: "
+                 f"{done.current}; opened by no key: {len(done.unreadable)}")
+        )  # fmt: skip
+        for org_id, name in done.unreadable:
+            _cli()._out.print(Text(f"  not opened by any key: {name} in {org_id}"))
+        return 1 if done.unreadable else 0
+
+    _cli()._execute(work())
+
+
 schedules_app = typer.Typer(
     help="Recurring and one-off autonomous tasks: list, create, suspend, resume, cancel.",
     no_args_is_help=True,
@@ -554,6 +578,9 @@ def schedules_create(
     ] = None,
     tz: Annotated[str, typer.Option("--tz", help="The cron's time zone.")] = "UTC",
     max_steps: Annotated[int, typer.Option("--max-steps", help="Each run's budget.")] = 8,
+    max_seconds: Annotated[
+        int, typer.Option("--max-seconds", help="Each run's wall-time cap (0: none).")
+    ] = 3600,
     run_mode: Annotated[RunMode, typer.Option("--mode", help="execute|dry_run|shadow")] = (
         RunMode.EXECUTE
     ),
@@ -572,6 +599,7 @@ def schedules_create(
                 run_at=at,
                 timezone=tz,
                 max_steps=max_steps,
+                max_seconds=max_seconds or None,
                 run_mode=run_mode,
                 max_steps_limit=runtime.settings.max_steps_limit,
                 principal=Principal.operator(org),

@@ -76,6 +76,7 @@ from cortex_ray.act import Dispatch, InvocationContext, ToolDispatcher, ToolRegi
 from cortex_ray.decide import AutonomousDriver, InteractiveDriver
 from cortex_ray.governance import (
     Approval,
+    ApprovalStatus,
     GovernanceStore,
     WorkflowStore,
     WorkflowVersion,
@@ -478,6 +479,21 @@ class DecisionCycle:
                 run = run.model_copy(update={"trace_attempt": attempt})  # as stored
             timeline = diagnostics.current_timeline()
             for step_index in range(len(steps), run.max_steps):
+                if run.deadline_at is not None and utcnow() >= run.deadline_at:
+                    # The wall-time cap: checked between steps (a step under way is bounded
+                    # by the gate's tool timeout and the model's own).
+                    capped = await self._finish(
+                        agent,
+                        run,
+                        lease,
+                        RunStatus.FAILED,
+                        reason="time cap reached: the run was still going at its deadline "
+                        f"{run.deadline_at.isoformat(timespec='seconds')} after "
+                        f"{len(steps)} step(s)",
+                    )
+                    end_run_span(span, capped)
+                    _run_done(agent, capped)
+                    return capped.model_copy(update={"steps": tuple(steps)})
                 if timeline is not None:
                     timeline.step = step_index
                 step, final = await self._autonomous_step(
@@ -787,8 +803,20 @@ class DecisionCycle:
                 # The last round may only reply: the bound on tool rounds.
                 last = round_index == self.settings.max_tool_rounds
 
-                async def decide(wm: WorkingMemory, allow_tools: bool = not last) -> Decision:
+                async def decide_now(wm: WorkingMemory, allow_tools: bool = not last) -> Decision:
                     return await self.interactive.decide(wm, allow_tools=allow_tools)
+
+                decide: Decide = decide_now
+                if lease is not None and lease.turn.attempts > 1:
+                    # A recovered turn: a round that already asked for approval carries out
+                    # the call the person saw (or sees), not a new decision.
+                    asked = await self.approvals.approval_for_round(
+                        session.org_id, lease.turn.id, round_index
+                    )
+                    if asked is not None:
+                        from cortex_ray._approvals import replayed
+
+                        decide = _decided(replayed(asked))
 
                 async def tool_call(action: AgentAction, index: int = round_index) -> None:
                     await emit(
@@ -813,6 +841,12 @@ class DecisionCycle:
                 decision = cycle.decision
                 if cycle.dispatch is not None and decision.action is not None:
                     dispatch = cycle.dispatch
+                    if dispatch.audit.decision == "approval_required" and lease is not None:
+                        # A person is in the loop: the turn waits for the decision.
+                        audits.append(dispatch.audit)
+                        dispatch = await self._approved_call(
+                            ctx, lease, round_index, decision, dispatch, observations, emit
+                        )
                     await emit(
                         TurnEvent(
                             kind=TurnEventKind.OBSERVATION,
@@ -874,6 +908,51 @@ class DecisionCycle:
         return TurnResult(
             session_id=session.id, reply=reply, observations=tuple(observations), refused=refused
         )
+
+    async def _approved_call(
+        self,
+        ctx: InvocationContext,
+        lease: TurnLease,
+        round_index: int,
+        decision: Decision,
+        asked: Dispatch,
+        observations: list[Observation],
+        emit: Callable[[TurnEvent], Awaitable[None]],
+    ) -> Dispatch:
+        """A turn's call that needs approval: the request recorded and streamed, the
+        decision waited for; approved, the call goes through the gate again (the policy
+        evaluated again, no second request); otherwise a refused call, not executed."""
+        from cortex_ray._approvals import await_turn_approval, refusal_reason
+
+        action = decision.action
+        assert action is not None
+        approval = await await_turn_approval(
+            self, self.approvals, lease, round_index, decision, asked, observations, emit
+        )
+        if approval.status is ApprovalStatus.APPROVED:
+            return await self.dispatcher.execute(
+                replace(ctx, approval_id=approval.id), action.tool, action.args
+            )
+        why = refusal_reason(approval)
+        observation = Observation(
+            tool=action.tool,
+            action_type=action.action_type,
+            status=ObservationStatus.REFUSED,
+            summary=f"refused: {why} (not executed)",
+            args=action.args,
+        )
+        return Dispatch(
+            observation, self.dispatcher.audit_entry(ctx, action, status="REFUSED", reason=why)
+        )
+
+
+def _decided(decision: Decision) -> Decide:
+    """DECIDE that returns a decision already made (not decided again)."""
+
+    async def decide(wm: WorkingMemory) -> Decision:
+        return decision
+
+    return decide
 
 
 def _note(reason: str, shown: str | None) -> str | None:

@@ -845,7 +845,8 @@ class Runtime:
         principal: Principal | None = None,
         reason: str | None = None,
     ) -> TaskRun:
-        """Stop a RUNNING run (the person it acts for, or an admin): it becomes FAILED with
+        """Stop a RUNNING run, or one AWAITING_APPROVAL (its pending request is then
+        CANCELLED), as the person it acts for or an admin: it becomes FAILED with
         the reason "cancelled by <principal>" (then ``reason``, if given) and loses its step
         intents, in one transaction; its driver stops at its next step commit, whose fenced
         write finds the run no longer RUNNING. A run that already ended is returned as it
@@ -862,7 +863,7 @@ class Runtime:
         caller = await self._authorize(
             caller, UseCase.TASKS_CANCEL, org_id, owner_id=run.caller_id, args=args
         )
-        if run.status is not RunStatus.RUNNING:
+        if run.status not in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL):
             return run
         note = (reason or "").strip()
         if len(note) > 500 or "\x00" in note:

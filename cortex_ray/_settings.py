@@ -300,6 +300,12 @@ class RunPolicy(BaseModel):
         description="a RUNNING run without a live lease is resumed by the supervisor only when "
         "older than this (a run just submitted is about to be taken by its executor)",
     )
+    schedule_poll_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="the scheduler sleeps until the earliest schedule is due, but at most this "
+        "long: how late a schedule made or resumed through another process may fire",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RunPolicy:
@@ -647,6 +653,12 @@ class Settings(BaseSettings):
         description="how long an approval request waits for a person; then it expires, "
         "which counts as a rejection",
     )
+    approval_poll_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="how often an interactive turn waiting for an approval reads its request "
+        "(the decision is made in another process, through the API or the CLI)",
+    )
     approval_excludes_requester: bool = Field(
         default=False,
         description="the person who started a run may not approve its calls",
@@ -660,6 +672,12 @@ class Settings(BaseSettings):
         default=None,
         description="a file holding that key; unset: data_dir/secret.key, made (mode 0600) "
         "on first use",
+    )
+    secret_previous_keys: SecretStr | None = Field(
+        default=None,
+        description="older keys, comma-separated (urlsafe base64), still accepted for "
+        "reading while `cortex-ray secrets rotate` re-seals every secret under the current "
+        "key (docs/governance.md, Secrets)",
     )
     stop_after_repeats: int = Field(
         default=3,

@@ -8,6 +8,13 @@ hands each to its executor, which drives it from its ledger. A run taken
 ``RunPolicy.max_attempts`` times without recording a step is ended FAILED with the reason
 instead.
 
+Schedules have their own loop here (``fire_schedules``): it sleeps until the earliest
+schedule is due (at most ``RunPolicy.schedule_poll_s``, and woken at once when a schedule is
+made or resumed through this process), fires what is due and starts each run, so a schedule
+fires within about a second of its time, not a sweep interval later. Firing stays exactly
+once across processes (``FOR UPDATE SKIP LOCKED`` and a compare and set on the due time,
+``cortex_ray.governance._schedules``); the sweep fires due schedules too, as a backstop.
+
 The HTTP API starts one in its lifespan (``serve.create_app``), so ``python -m serve``,
 ``serve:app_builder`` and the demo all resume interrupted runs on start-up. Several
 supervisors (replicas, processes) may sweep at once: the lease makes a double start
@@ -23,6 +30,7 @@ import logging
 from cortex_ray._executor import Executor
 from cortex_ray._runtime import Runtime
 from cortex_ray._settings import RunPolicy
+from cortex_ray._types import utcnow
 from cortex_ray.storage import exhausted_reason
 
 __all__ = ["RunSupervisor"]
@@ -41,26 +49,68 @@ class RunSupervisor:
     """
 
     def __init__(
-        self, runtime: Runtime, executor: Executor, policy: RunPolicy | None = None
+        self,
+        runtime: Runtime,
+        executor: Executor,
+        policy: RunPolicy | None = None,
+        *,
+        scheduler: bool = True,
     ) -> None:
         self.runtime = runtime
         self.executor = executor
         self.policy = policy or runtime.settings.runs
+        self.scheduler = scheduler
         self._task: asyncio.Task[None] | None = None
+        self._scheduling: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Sweep now and then every ``supervise_interval_s``, in the background (start-up is
-        not held up by the first sweep)."""
+        """Sweep now and then every ``supervise_interval_s``, and (``scheduler``) fire
+        schedules as they fall due, in the background (start-up is not held up by either):
+        the schedules are re-armed from PostgreSQL whenever a process starts."""
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._loop(), name="run supervisor")
+        if self.scheduler and (self._scheduling is None or self._scheduling.done()):
+            self._scheduling = asyncio.create_task(self._schedule_loop(), name="scheduler")
 
     async def aclose(self) -> None:
-        """Stop sweeping (a sweep under way is cancelled; what it started goes on)."""
-        task, self._task = self._task, None
-        if task is not None:
+        """Stop sweeping and scheduling (work under way is cancelled; what it started goes
+        on)."""
+        tasks = [t for t in (self._task, self._scheduling) if t is not None]
+        self._task = self._scheduling = None
+        for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def fire_schedules(self) -> int:
+        """Fire every due schedule (each once, whichever process gets there) and start its
+        run; returns how many runs were started here."""
+        started = 0
+        for org_id, run_id in await self.runtime.governance.fire_due_schedules():
+            try:
+                await self.executor.start_run(org_id, run_id)
+                started += 1
+            except Exception as exc:  # picked up as an orphan by a later sweep
+                log.warning("run %s: could not be started now: %s", run_id, exc)
+        return started
+
+    async def _schedule_loop(self) -> None:
+        governance = self.runtime.governance
+        woken = governance.schedules_changed
+        while True:
+            woken.clear()  # before looking: a schedule made from now on wakes the sleep
+            wait = self.policy.schedule_poll_s
+            try:
+                await self.fire_schedules()
+                due = await governance.next_schedule_at()
+                if due is not None:
+                    # Not below a few milliseconds: a due schedule another process holds
+                    # locked is fired there, and must not make this loop spin.
+                    wait = min(wait, max((due - utcnow()).total_seconds(), 0.005))
+            except Exception as exc:  # the database away for a moment: look again soon
+                log.warning("the scheduler could not fire schedules: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), wait)
 
     async def sweep(self) -> int:
         """One pass: hand every orphaned run to the executor (or end it FAILED when out of
@@ -68,18 +118,16 @@ class RunSupervisor:
         started = 0
         # Approval requests out of time count as rejections: their runs continue at once.
         for expired in await self.runtime.governance.expire_approvals():
+            if expired.run_id is None:  # a turn's: the turn waiting for it sees the expiry
+                continue
             try:
                 await self.executor.start_run(expired.org_id, expired.run_id)
                 started += 1
             except Exception as exc:  # picked up as an orphan by a later sweep
                 log.warning("run %s: could not be resumed now: %s", expired.run_id, exc)
-        # Due schedules: each fired once, whichever supervisor gets there (issue 18).
-        for org_id, run_id in await self.runtime.governance.fire_due_schedules():
-            try:
-                await self.executor.start_run(org_id, run_id)
-                started += 1
-            except Exception as exc:  # picked up as an orphan by a later sweep
-                log.warning("run %s: could not be started now: %s", run_id, exc)
+        # Due schedules: each fired once, whichever process gets there (issue 18); the
+        # scheduler loop fires them on time, this is the backstop.
+        started += await self.fire_schedules()
         for orphan in await self.runtime.orphaned_runs():
             if orphan.attempts >= self.policy.max_attempts:
                 reason = exhausted_reason(orphan.attempts)

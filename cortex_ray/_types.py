@@ -379,6 +379,9 @@ class TurnEventKind(StrEnum):
     round, then the reply or the refusal."""
 
     TOOL_CALL = "tool_call"
+    APPROVAL_REQUIRED = "approval_required"
+    """The round's call needs a person's approval: the turn waits for the decision (the
+    request's id, who may decide, until when), then its ``observation`` follows."""
     OBSERVATION = "observation"
     REPLY = "reply"
     REFUSED = "refused"
@@ -395,7 +398,16 @@ class TurnEvent(_Model):
     tool: str | None = None
     args: dict[str, Any] | None = None
     observation: Observation | None = None
-    text: str | None = Field(default=None, description="the reply, or the refusal's reason")
+    text: str | None = Field(
+        default=None, description="the reply, the refusal's reason, or why approval is needed"
+    )
+    approval_id: UUID | None = Field(default=None, description="the approval request waited for")
+    approvers: tuple[str, ...] | None = Field(
+        default=None, description="who may decide the request (empty: any admin person)"
+    )
+    expires_at: datetime | None = Field(
+        default=None, description="when the request expires (counts as a rejection)"
+    )
 
 
 class RunStatus(StrEnum):
@@ -550,6 +562,11 @@ class TaskRun(_Model):
     )
     workflow_inputs: dict[str, Any] | None = Field(
         default=None, description="the workflow run's inputs, valid against its version's schema"
+    )
+    deadline_at: datetime | None = Field(
+        default=None,
+        description="its wall-time cap (a schedule's max_seconds from when it fired): past "
+        "it the run ends FAILED at its next step",
     )
 
     def objective(self) -> str:

@@ -93,6 +93,7 @@ from serve._schemas import (
     ToolBody,
     ToolCall,
     ToolList,
+    TurnApprovalRequired,
     TurnBody,
     TurnDone,
     TurnError,
@@ -337,6 +338,21 @@ def _turn_event(event: TurnEvent, *, event_id: str | None = None) -> ServerSentE
             TurnToolCall(round=event.round, tool=event.tool or "", args=event.args or {}),
             event_id=event_id,
         )
+    if (
+        event.kind is TurnEventKind.APPROVAL_REQUIRED
+        and event.approval_id is not None
+        and event.expires_at is not None
+    ):
+        asked = TurnApprovalRequired(
+            round=event.round,
+            approval_id=event.approval_id,
+            tool=event.tool or "",
+            args=event.args or {},
+            reason=event.text or "",
+            approvers=list(event.approvers or ()),
+            expires_at=event.expires_at,
+        )
+        return _sse("approval_required", asked, event_id=event_id)
     if event.kind is TurnEventKind.OBSERVATION and event.observation is not None:
         body = from_observation(event.observation).model_dump()
         return _sse("observation", TurnObservation(round=event.round, **body), event_id=event_id)

@@ -230,8 +230,10 @@ class AcceptanceBody(_Out):
 
 class ApprovalBody(_Out):
     id: UUID
-    run_id: UUID
-    step_index: int
+    run_id: UUID | None = Field(description="the paused run's; none for an interactive turn's")
+    session_id: UUID | None = Field(description="an interactive turn's request: its session")
+    turn_id: UUID | None = Field(description="an interactive turn's request: the turn")
+    step_index: int = Field(description="the run's step, or the turn's tool round")
     tool: str
     args: dict[str, Any]
     tier: str
@@ -297,6 +299,13 @@ class ScheduleCreate(_Body):
     )
     timezone: str = Field(default="UTC", max_length=100, pattern=r"^[^\x00]+$")
     max_steps: int = Field(default=8, ge=1)
+    max_seconds: int | None = Field(
+        default=3600,
+        ge=1,
+        le=7 * 86400,
+        description="each run's wall-time cap from when it fires (null: none); past it the "
+        "run ends FAILED at its next step",
+    )
     run_mode: RunMode = RunMode.EXECUTE
 
 
@@ -310,6 +319,7 @@ class ScheduleBody(_Out):
     timezone: str
     next_run_at: datetime | None
     max_steps: int
+    max_seconds: int | None
     run_mode: RunMode
     status: str
     created_by: str
@@ -490,7 +500,8 @@ def governance_router() -> APIRouter:
         status: ApprovalStatus | None = None,
         run_id: Annotated[UUID | None, Query(alias="runId")] = None,
     ) -> ApprovalList:
-        """Approval requests of paused runs, oldest first (``status=PENDING``: waiting)."""
+        """Approval requests of paused runs and waiting interactive turns, oldest first
+        (``status=PENDING``: waiting)."""
         found = await state.runtime.governance.list_approvals(
             org, status=status, run_id=run_id, principal=principal
         )
@@ -520,13 +531,15 @@ def governance_router() -> APIRouter:
         approval_id: UUID,
         body: ApprovalDecision,
     ) -> ApprovalBody:
-        """Approve or reject a pending request (an admin person); the run continues at
-        once: approved, from that very call (its policy checked again); rejected, the
-        agent observes the rejection and decides its next step."""
+        """Approve or reject a pending request (an admin person); the run (or the
+        interactive turn waiting for it) continues at once: approved, from that very
+        call (its policy checked again); rejected, the agent observes the rejection and
+        decides its next step."""
         decided = await state.runtime.governance.decide_approval(
             org, approval_id, approve=body.approve, note=body.note, principal=principal
         )
-        await state.executor.start_run(org, decided.run_id)
+        if decided.run_id is not None:  # a turn's request: the waiting turn goes on itself
+            await state.executor.start_run(org, decided.run_id)
         return ApprovalBody.of(decided)
 
     @router.get("/secrets", response_model=SecretList, tags=["governance"], responses=_ADMIN)
@@ -573,6 +586,7 @@ def governance_router() -> APIRouter:
             run_at=body.run_at,
             timezone=body.timezone,
             max_steps=body.max_steps,
+            max_seconds=body.max_seconds,
             run_mode=body.run_mode,
             name=body.name,
             max_steps_limit=state.runtime.settings.max_steps_limit,

@@ -823,6 +823,20 @@ class TurnToolCall(_Out):
     args: JsonObject
 
 
+class TurnApprovalRequired(_Out):
+    """SSE ``approval_required``: the round's call needs a person's approval; the turn waits
+    for the decision (``POST .../approvals/{approvalId}/decision``), then its ``observation``
+    follows (refused when rejected or expired)."""
+
+    round: int
+    approval_id: UUID
+    tool: str
+    args: JsonObject
+    reason: str
+    approvers: list[str] = Field(description="who may decide; empty: any admin person")
+    expires_at: datetime = Field(description="then the request expires: a rejection")
+
+
 class TurnObservation(ObservationBody):
     """SSE ``observation``: what a tool call returned, as soon as it returned."""
 

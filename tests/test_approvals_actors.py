@@ -100,3 +100,86 @@ async def _gone(namespace: str, org: str) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+@dataclass(frozen=True)
+class TurnApprovalRuntime:
+    """The session actors' runtime: the scripted chat model of ``tests/test_turn_approvals``
+    (one crm_update round, then a reply), polling its approval request every 50 ms."""
+
+    async def __call__(self, settings: Settings) -> Runtime:
+        from tests.test_turn_approvals import chat
+
+        return await Runtime.open(
+            settings.model_copy(update={"embedding_backend": "hash", "approval_poll_s": 0.05}),
+            model=ScriptedModelClient(responder=chat),
+            embedder=HashEmbedder(384),
+            importance=HeuristicImportanceScorer(),
+            tools=TOOLS,
+            connectors=[CRM],
+        )
+
+
+async def test_a_session_actor_killed_while_its_turn_waits_finds_the_request_again(
+    ray_cluster: Any, db: Database, settings: Settings, org: str
+) -> None:
+    """The turn streams approval_required out of its session actor and waits there; the
+    actor is killed; the turn, recovered by a new actor, finds the same request (no second
+    one), and once an admin approves it here the call runs once and the turn replies."""
+    import asyncio
+
+    import tests.test_turn_approvals as turns
+    from cortex_ray import TurnEvent, TurnEventKind
+    from cortex_ray.storage import TurnStatus
+
+    ray.cloudpickle.register_pickle_by_value(turns)
+    short = settings.sessions.model_copy(
+        update={"turn_lease_ttl_s": 1.5, "turn_orphan_grace_s": 0.0}
+    )
+    actor_settings = settings.model_copy(
+        update={"database_url": db.dsn, "pool_max_size": 2, "sessions": short}
+    )
+    local = await turns.open_runtime(db, settings.model_copy(update={"sessions": short}))
+    namespace = f"test-turn-approvals-{uuid.uuid4().hex[:8]}"
+    sessions = SessionManager(
+        actor_settings, factory=TurnApprovalRuntime(), policy=SessionPolicy(namespace=namespace)
+    )
+    try:
+        session = await turns.world(local, org)
+        caller = turns.caller(org)
+        accepted = await local.accept_turn(org, session.id, "move ann to eu", principal=caller)
+        events: list[TurnEvent] = []
+        first = asyncio.ensure_future(
+            sessions.turn(
+                org, session.id, caller, accepted.message, turn_id=accepted.id,
+                on_event=events.append,
+            )
+        )  # fmt: skip
+        request = await turns.pending(local, org)
+        for _ in range(400):  # the event crossed from the actor
+            if any(e.kind is TurnEventKind.APPROVAL_REQUIRED for e in events):
+                break
+            await asyncio.sleep(0.05)
+        [asked] = [e for e in events if e.kind is TurnEventKind.APPROVAL_REQUIRED]
+        assert asked.approval_id == request.id and request.turn_id == accepted.id
+        handle = ray.get_actor(f"{org}/session/{session.id}", namespace=namespace)
+        ray.kill(handle, no_restart=True)  # the actor dies while the turn waits
+        with pytest.raises(Exception):  # noqa: B017 - whichever error the dead actor gives
+            await asyncio.wait_for(first, 60)
+        for _ in range(400):  # its lease expires: an orphan, as the supervisor sees it
+            if accepted.id in {o.turn_id for o in await local.orphaned_turns()}:
+                break
+            await asyncio.sleep(0.1)
+        await sessions.recover_turn(org, session.id, accepted.id)  # a new actor drives it
+        await asyncio.sleep(0.5)
+        await local.governance.decide_approval(
+            org, request.id, approve=True, principal=turns.admin(org)
+        )
+        ended = await local.wait_turn(org, session.id, accepted.id, 60)
+        assert ended.status is TurnStatus.DONE and ended.reply == "updated ann"
+        assert [a.id for a in await local.governance.list_approvals(org)] == [request.id]
+        rows = await local.store.audit_rows(org, gate_only=True)
+        calls = [(r["tool"], r["decision"]) for r in rows if r["tool"] == "crm_update"]
+        assert calls.count(("crm_update", "allowed")) == 1  # the write ran once
+    finally:
+        await local.close(close_db=False)

@@ -246,6 +246,36 @@ def test_secrets_from_the_command_line(env: dict[str, str]) -> None:
     assert "secrets.put" in audit.stdout and "hunter2-x" not in audit.stdout
 
 
+def test_rotating_the_secret_key_from_the_command_line(env: dict[str, str]) -> None:
+    """Set under the key file's key; rotated to a new key with the old one accepted for
+    reading; afterwards the new key alone opens it, and the old one alone does not."""
+    import base64
+    import subprocess
+
+    from tests.test_cli import CLI
+
+    org = f"cli-{uuid.uuid4().hex[:8]}"
+    made = subprocess.run(
+        [*CLI, "--org", org, "secrets", "set", "crm_token"],
+        env=env, input="hunter2-y\n", capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    old = (Path(env["CORTEX_DATA_DIR"]) / "secret.key").read_text().strip()
+    new = base64.urlsafe_b64encode(b"n" * 32).decode()
+    mine = f"crm_token in {org}"
+    rotated = cortex(
+        env, "secrets", "rotate", CORTEX_SECRET_KEY=new, CORTEX_SECRET_PREVIOUS_KEYS=old
+    )
+    assert re.search(r"re-sealed under the current key: [1-9]", rotated.stdout), rotated.stdout
+    assert mine not in rotated.stdout
+    after = cortex(env, "secrets", "rotate", CORTEX_SECRET_KEY=new)
+    assert "re-sealed under the current key: 0" in after.stdout and mine not in after.stdout
+    stale = cortex(env, "secrets", "rotate")  # the key file's old key alone
+    assert stale.returncode == 1 and f"not opened by any key: {mine}" in stale.stdout
+    assert "hunter2-y" not in rotated.stdout + after.stdout + stale.stdout
+    cortex(env, "--org", org, "secrets", "delete", "crm_token")
+
+
 def test_schedules_from_the_command_line(env: dict[str, str]) -> None:
     org = f"cli-{uuid.uuid4().hex[:8]}"
     made_agent = cortex(env, "--org", org, "agents", "create", "nightly", "--mode", "autonomous")

@@ -222,3 +222,75 @@ async def test_schedules_over_http(runtime: Runtime, org: str) -> None:
             assert r.status_code == 404
     finally:
         await executor.aclose()
+
+
+async def test_the_scheduler_loop_fires_on_time_without_the_sweep(
+    db: Database, settings: Settings, org: str
+) -> None:
+    """Two supervisors whose sweeps and polls are an hour apart: only the scheduler loop's
+    sleep until the earliest due time (woken when a schedule is made) can fire the
+    one-off in time, and it fires once, its run driven to its end."""
+    from cortex_ray import InProcessExecutor, RunStatus, RunSupervisor
+
+    slow = settings.runs.model_copy(
+        update={"supervise_interval_s": 3600.0, "schedule_poll_s": 3600.0}
+    )
+    runtimes = [await open_runtime(db, settings) for _ in range(2)]
+    executors = [InProcessExecutor(rt) for rt in runtimes]
+    supervisors = [RunSupervisor(rt, ex, slow) for rt, ex in zip(runtimes, executors, strict=True)]
+    try:
+        name = await agent(runtimes[0], org)
+        for s in supervisors:
+            await s.start()
+        await asyncio.sleep(0.2)  # both loops asleep (for an hour) before the schedule exists
+        made = await runtimes[0].governance.create_schedule(
+            org, name, "check the clock", run_at=datetime.now(UTC) + timedelta(seconds=0.5)
+        )
+        for _ in range(600):
+            [now] = await runtimes[0].governance.list_schedules(org)
+            if now.status == ScheduleStatus.DONE:
+                break
+            await asyncio.sleep(0.05)
+        assert now.status == ScheduleStatus.DONE and now.fired == 1
+        run_id = run_id_for(made.id, made.next_run_at or datetime.now(UTC))
+        for _ in range(600):
+            run = await runtimes[0].get_run(org, run_id)
+            if run.status is not RunStatus.RUNNING:
+                break
+            await asyncio.sleep(0.05)
+        assert run.status is RunStatus.COMPLETED or run.reason  # driven to its end
+        assert [r.id for r in await runtimes[0].list_runs(org)] == [run_id]  # exactly once
+    finally:
+        for s in supervisors:
+            await s.aclose()
+        for ex in executors:
+            await ex.aclose()
+        for rt in runtimes:
+            await rt.close(close_db=False)
+
+
+async def test_a_scheduled_run_past_its_time_cap_ends_failed(runtime: Runtime, org: str) -> None:
+    from cortex_ray import RunStatus
+
+    name = await agent(runtime, org)
+    with pytest.raises(InvalidRequestError, match="max_seconds must be between 1 and"):
+        await runtime.governance.create_schedule(org, name, "g", interval_s=60, max_seconds=0)
+    made = await runtime.governance.create_schedule(
+        org, name, "check the clock", interval_s=3600, max_seconds=1
+    )
+    assert made.max_seconds == 1
+    [(_, run_id)] = [r for r in await runtime.governance.fire_due_schedules() if r[0] == org]
+    fired = await runtime.get_run(org, run_id)
+    assert fired.deadline_at is not None and fired.status is RunStatus.RUNNING
+    assert 0 < (fired.deadline_at - fired.created_at).total_seconds() <= 1.0
+    await asyncio.sleep(1.1)  # the run is not driven before its deadline has passed
+    final = await runtime.drive_run(org, run_id)
+    assert final.status is RunStatus.FAILED and final.steps == ()
+    assert final.reason is not None and final.reason.startswith("time cap reached")
+    # A schedule with no cap makes runs without a deadline.
+    uncapped = await runtime.governance.create_schedule(
+        org, name, "g", interval_s=3600, max_seconds=None, run_at=datetime.now(UTC)
+    )
+    [(_, free)] = [r for r in await runtime.governance.fire_due_schedules() if r[0] == org]
+    assert free == run_id_for(uncapped.id, uncapped.next_run_at or datetime.now(UTC))
+    assert (await runtime.get_run(org, free)).deadline_at is None

@@ -11,7 +11,13 @@ from cortex_ray.governance._policy import (
     redact_values,
 )
 from cortex_ray.governance._schedules import Schedule, ScheduleStatus, ScheduleStore
-from cortex_ray.governance._secrets import SecretInfo, SecretStore, load_secret_key
+from cortex_ray.governance._secrets import (
+    Rotation,
+    SecretInfo,
+    SecretStore,
+    load_previous_keys,
+    load_secret_key,
+)
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
     Approval,
@@ -66,6 +72,7 @@ __all__ = [
     "ReportedCall",
     "RequiredEvidence",
     "RiskLevel",
+    "Rotation",
     "RunLabel",
     "RunLabelRecord",
     "RunLedger",
@@ -89,6 +96,7 @@ __all__ = [
     "check_inputs",
     "discover_connectors",
     "evidence_of",
+    "load_previous_keys",
     "load_secret_key",
     "redact",
     "redact_values",

@@ -11,7 +11,9 @@ A scheduler that dies mid-way rolls back: the schedule stays due for the next sw
 
 **Missed runs** (the stack was down over several due times): they coalesce into one run,
 fired at once, and the schedule moves to its first due time after now. A one-off schedule
-missed fires once, late. Each run is capped by the schedule's ``max_steps``.
+missed fires once, late. Each run is capped by the schedule's ``max_steps`` and in time by
+its ``max_seconds`` (default ``DEFAULT_MAX_SECONDS``): the run's deadline is set when it is
+fired, and a run still going past it ends FAILED at its next step.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from cortex_ray._types import RunMode, utcnow
 from cortex_ray.storage import Database
 
 __all__ = ["Schedule", "ScheduleStatus", "ScheduleStore", "next_due", "validate_schedule"]
+
+DEFAULT_MAX_SECONDS = 3600
+"""A scheduled run's wall-time cap when its schedule names none (one hour)."""
+MAX_SECONDS_LIMIT = 7 * 86400
 
 _NAMESPACE = uuid.UUID("5b1c1d0e-7c59-4a77-9a53-6c6f2a3a7a18")
 
@@ -56,6 +62,8 @@ class Schedule(BaseModel):
     timezone: str = "UTC"
     next_run_at: datetime | None = None
     max_steps: int = 8
+    max_seconds: int | None = DEFAULT_MAX_SECONDS
+    """Each run's wall-time cap, from when it is fired (``None``: no cap)."""
     run_mode: RunMode = RunMode.EXECUTE
     status: str = ScheduleStatus.ACTIVE
     created_by: str = ""
@@ -98,6 +106,8 @@ def validate_schedule(schedule: Schedule, now: datetime) -> Schedule:
     """
     if not schedule.goal.strip():
         raise InvalidRequestError("the goal is empty")
+    if schedule.max_seconds is not None and not 1 <= schedule.max_seconds <= MAX_SECONDS_LIMIT:
+        raise InvalidRequestError(f"max_seconds must be between 1 and {MAX_SECONDS_LIMIT}")
     _zone(schedule.timezone)
     if schedule.cron is not None and schedule.interval_s is not None:
         raise InvalidRequestError("a schedule has a cron expression or an interval, not both")
@@ -137,16 +147,27 @@ class ScheduleStore:
             await conn.execute(
                 """
                 INSERT INTO schedules (org_id, id, agent_id, name, goal, cron, interval_s,
-                    timezone, next_run_at, max_steps, run_mode, status, created_by, created_at)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                    timezone, next_run_at, max_steps, max_seconds, run_mode, status,
+                    created_by, created_at)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
                 """,
                 (
                     s.org_id, s.id, s.agent_id, s.name, s.goal, s.cron, s.interval_s,
-                    s.timezone, s.next_run_at, s.max_steps, s.run_mode.value, s.status,
-                    s.created_by, s.created_at,
+                    s.timezone, s.next_run_at, s.max_steps, s.max_seconds, s.run_mode.value,
+                    s.status, s.created_by, s.created_at,
                 ),
             )  # fmt: skip
         return schedule
+
+    async def next_due_at(self) -> datetime | None:
+        """When the earliest ACTIVE schedule is due, in any organisation (the scheduler's
+        sleep; ``None``: nothing to fire)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT min(next_run_at) AS due FROM schedules WHERE status = 'ACTIVE'"
+            )
+            row = await cur.fetchone()
+        return None if row is None else row["due"]
 
     async def in_org(self, org_id: str) -> list[Schedule]:
         async with self.db.connection() as conn:
@@ -199,14 +220,17 @@ class ScheduleStore:
             cur = await conn.execute(
                 """
                 INSERT INTO task_runs (org_id, id, agent_id, name, goal, status, max_steps,
-                                       requested_by, created_at, run_mode)
-                SELECT o, i, a, n, g, 'RUNNING', m, r, %s, rm
+                                       requested_by, created_at, run_mode, deadline_at)
+                SELECT o, i, a, n, g, 'RUNNING', m, r, %s, rm,
+                       %s::timestamptz + make_interval(secs => cap)
                 FROM unnest(%s::text[], %s::uuid[], %s::uuid[], %s::text[], %s::text[],
-                            %s::int[], %s::text[], %s::text[]) AS u(o, i, a, n, g, m, r, rm)
+                            %s::int[], %s::text[], %s::text[], %s::int[])
+                     AS u(o, i, a, n, g, m, r, rm, cap)
                 ON CONFLICT (org_id, id) DO NOTHING
                 RETURNING org_id, id
                 """,
                 (
+                    fired_at,
                     fired_at,
                     [s.org_id for s in due],
                     run_ids,
@@ -216,6 +240,7 @@ class ScheduleStore:
                     [s.max_steps for s in due],
                     [f"schedule:{s.id}" for s in due],
                     [s.run_mode.value for s in due],
+                    [s.max_seconds for s in due],
                 ),
             )
             made = [(r["org_id"], r["id"]) for r in await cur.fetchall()]

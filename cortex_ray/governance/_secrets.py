@@ -8,6 +8,11 @@ row, or another name, does not open. Values leave the store only into a tool's h
 (``ToolContext.secret``), and only for a tool of the secret's connector when it names one;
 the API lists names, never values, and the gate redacts any value a call read from what the
 call returns before it is kept or shown (audit, step log, model, diagnostics).
+
+**Rotation.** The older keys in ``CORTEX_SECRET_PREVIOUS_KEYS`` still open what they sealed
+(the current key is tried first); ``SecretStore.rotate`` re-seals every row that only an
+older key opens under the current one, under a lock, so that the older keys can then be
+dropped.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from cortex_ray._settings import Settings
 from cortex_ray._types import utcnow
 from cortex_ray.storage import Database
 
-__all__ = ["SecretInfo", "SecretStore", "load_secret_key"]
+__all__ = ["Rotation", "SecretInfo", "SecretStore", "load_previous_keys", "load_secret_key"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")
 MAX_SECRET_BYTES = 16_384
@@ -58,13 +63,39 @@ def load_secret_key(settings: Settings) -> bytes:
             with os.fdopen(fd, "w") as f:
                 f.write(base64.urlsafe_b64encode(AESGCM.generate_key(bit_length=256)).decode())
         text = path.read_text().strip()
+    return _key(text, where)
+
+
+def _key(text: str, where: str) -> bytes:
     try:
-        key = base64.urlsafe_b64decode(text.encode())
+        key = base64.urlsafe_b64decode(text.strip().encode())
     except (binascii.Error, ValueError):
         key = b""
     if len(key) != 32:
         raise ConfigurationError(f"the secret key ({where}) must be 32 bytes, urlsafe base64")
     return key
+
+
+def load_previous_keys(settings: Settings) -> list[bytes]:
+    """The older keys still accepted for reading (``secret_previous_keys``), in order.
+
+    Raises:
+        ConfigurationError: One is not 32 bytes of urlsafe base64 (its position says which).
+    """
+    if settings.secret_previous_keys is None:
+        return []
+    parts = [p for p in settings.secret_previous_keys.get_secret_value().split(",") if p.strip()]
+    return [_key(p, f"CORTEX_SECRET_PREVIOUS_KEYS, key {i + 1}") for i, p in enumerate(parts)]
+
+
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    """What ``SecretStore.rotate`` did: rows re-sealed under the current key, rows already
+    sealed under it, and rows no key opens (left as they are: ``(organisation, name)``)."""
+
+    resealed: int
+    current: int
+    unreadable: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +116,74 @@ class SecretStore:
         self.db = db
         self._settings = settings
         self._aead: AESGCM | None = None
+        self._older: list[AESGCM] | None = None
 
     def _cipher(self) -> AESGCM:
         if self._aead is None:  # the key is read when a secret is first used
             self._aead = AESGCM(load_secret_key(self._settings))
         return self._aead
+
+    def _ciphers(self) -> list[AESGCM]:
+        """The current key's cipher first, then the older keys' (for reading only)."""
+        if self._older is None:
+            self._older = [AESGCM(k) for k in load_previous_keys(self._settings)]
+        return [self._cipher(), *self._older]
+
+    def _open(self, org_id: str, name: str, nonce: bytes, sealed: bytes) -> tuple[bytes, int]:
+        """The clear bytes and the index of the key that opened them (0: the current).
+
+        Raises:
+            InvalidTag: No key opens them.
+        """
+        aad = self._aad(org_id, name)
+        for index, cipher in enumerate(self._ciphers()):
+            try:
+                return cipher.decrypt(nonce, sealed, aad), index
+            except InvalidTag:
+                continue
+        raise InvalidTag
+
+    async def rotate(self, batch: int = 500) -> Rotation:
+        """Re-seal, under the current key, every secret of every organisation that only an
+        older key opens; each batch in one transaction, its rows locked (a secret set
+        meanwhile is sealed under the current key already). Rows no key opens are counted
+        and left alone."""
+        resealed = current = 0
+        unreadable: list[tuple[str, str]] = []
+        after = ("", "")
+        while True:
+            async with self.db.transaction() as conn:
+                cur = await conn.execute(
+                    """
+                    SELECT org_id, name, nonce, ciphertext FROM org_secrets
+                    WHERE (org_id, name) > (%s, %s) ORDER BY org_id, name LIMIT %s FOR UPDATE
+                    """,
+                    (*after, batch),
+                )
+                rows = await cur.fetchall()
+                for row in rows:
+                    org_id, name = row["org_id"], row["name"]
+                    try:
+                        data, index = self._open(
+                            org_id, name, bytes(row["nonce"]), bytes(row["ciphertext"])
+                        )
+                    except InvalidTag:
+                        unreadable.append((org_id, name))
+                        continue
+                    if index == 0:
+                        current += 1
+                        continue
+                    nonce = os.urandom(12)
+                    sealed = self._cipher().encrypt(nonce, data, self._aad(org_id, name))
+                    await conn.execute(
+                        "UPDATE org_secrets SET nonce = %s, ciphertext = %s "
+                        "WHERE org_id = %s AND name = %s",
+                        (nonce, sealed, org_id, name),
+                    )
+                    resealed += 1
+            if len(rows) < batch:
+                return Rotation(resealed, current, tuple(unreadable))
+            after = (rows[-1]["org_id"], rows[-1]["name"])
 
     @staticmethod
     def _aad(org_id: str, name: str) -> bytes:
@@ -164,9 +258,7 @@ class SecretStore:
         if row["connector"] is not None and row["connector"] != connector:
             raise AccessDeniedError(f"secret {name!r} belongs to connector {row['connector']!r}")
         try:
-            data = self._cipher().decrypt(
-                bytes(row["nonce"]), bytes(row["ciphertext"]), self._aad(org_id, name)
-            )
+            data, _ = self._open(org_id, name, bytes(row["nonce"]), bytes(row["ciphertext"]))
         except InvalidTag:
             raise ConfigurationError(
                 f"secret {name!r} does not open with this key (was the key changed?)"

@@ -271,17 +271,22 @@ class GovernanceStore:
     # approvals ------------------------------------------------------------------------------
 
     @staticmethod
-    async def insert_approval(conn: Conn, approval: Approval) -> None:
+    async def insert_approval(
+        conn: Conn, approval: Approval, *, on_conflict_nothing: bool = False
+    ) -> None:
         """Record an approval request in the caller's (the driver's fenced) transaction."""
         a = approval
         await conn.execute(
             """
-            INSERT INTO approvals (org_id, id, run_id, step_index, tool, args, tier, decision,
-                evidence, reason, requested_by, approvers, status, expires_at, created_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-            """,
+            INSERT INTO approvals (org_id, id, run_id, session_id, turn_id, step_index, tool,
+                args, tier, decision, evidence, reason, requested_by, approvers, status,
+                expires_at, created_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """
+            + (" ON CONFLICT DO NOTHING" if on_conflict_nothing else ""),
             (
-                a.org_id, a.id, a.run_id, a.step_index, a.tool, Jsonb(scrub(a.args)), a.tier,
+                a.org_id, a.id, a.run_id, a.session_id, a.turn_id, a.step_index, a.tool,
+                Jsonb(scrub(a.args)), a.tier,
                 Jsonb(a.decision), Jsonb(a.evidence), a.reason, a.requested_by,
                 list(a.approvers), a.status.value, a.expires_at, a.created_at,
             ),
@@ -307,6 +312,30 @@ class GovernanceStore:
             )
             row = await cur.fetchone()
         return None if row is None else _approval(row)
+
+    async def approval_for_round(
+        self, org_id: str, turn_id: UUID, round_index: int
+    ) -> Approval | None:
+        """The request an interactive turn made in a tool round (a recovered turn finds its
+        own again instead of asking twice)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM approvals WHERE org_id = %s AND turn_id = %s AND step_index = %s",
+                (org_id, turn_id, round_index),
+            )
+            row = await cur.fetchone()
+        return None if row is None else _approval(row)
+
+    async def put_turn_approval(self, approval: Approval) -> Approval:
+        """Record a turn's request, or find the one its round already has (one per round)."""
+        assert approval.turn_id is not None
+        async with self.db.transaction() as conn:
+            await self.insert_approval(conn, approval, on_conflict_nothing=True)
+        found = await self.approval_for_round(
+            approval.org_id, approval.turn_id, approval.step_index
+        )
+        assert found is not None
+        return found
 
     async def approvals(
         self,

@@ -203,12 +203,16 @@ class ApprovalStatus(StrEnum):
     REJECTED = "REJECTED"
     EXPIRED = "EXPIRED"
     """Not decided in time: counts as a rejection."""
+    CANCELLED = "CANCELLED"
+    """Its run was cancelled while it waited: never decided."""
 
 
 class Approval(_Model):
     """An approval request: a row, never a waiting thread. The run that made it is
     AWAITING_APPROVAL until a person decides it (or it expires); then the run continues
-    from this very call, without deciding the step again.
+    from this very call, without deciding the step again. An interactive turn's request
+    (``session_id``, ``turn_id``; ``step_index`` is the tool round, no ``run_id``) is waited
+    for by the turn, which then continues the same way.
 
     Attributes:
         decision: The step's decision as DECIDE made it (candidates, scores, selection).
@@ -219,7 +223,9 @@ class Approval(_Model):
 
     id: UUID = Field(default_factory=uuid4)
     org_id: str
-    run_id: UUID
+    run_id: UUID | None = None
+    session_id: UUID | None = None
+    turn_id: UUID | None = None
     step_index: int
     tool: str
     args: dict[str, Any] = Field(default_factory=dict)

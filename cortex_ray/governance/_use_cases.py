@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -15,12 +16,13 @@ from cortex_ray._types import AgentMode, Principal, RunMode, RunStatus, utcnow
 from cortex_ray.access import UseCase
 from cortex_ray.governance._policy import ConnectorPolicy, check_constraints
 from cortex_ray.governance._schedules import (
+    DEFAULT_MAX_SECONDS,
     Schedule,
     ScheduleStatus,
     ScheduleStore,
     validate_schedule,
 )
-from cortex_ray.governance._secrets import SecretInfo, SecretStore
+from cortex_ray.governance._secrets import Rotation, SecretInfo, SecretStore
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
     Approval,
@@ -90,6 +92,8 @@ class Governance:
         self.excludes_requester = excludes_requester
         self.secrets = secrets
         self.schedules = ScheduleStore(store.db)
+        self.schedules_changed = asyncio.Event()
+        """Set when a schedule is made or resumed here: wakes this process's scheduler."""
         self.store = store
         self.gov = governance
         self.policy = policy
@@ -378,7 +382,10 @@ class Governance:
             pending = await self.gov.approval(org_id, approval_id)
             requester = None
             if self.excludes_requester:
-                requester = (await self.store.get_run(org_id, pending.run_id)).requested_by
+                # A turn's request: the person in the conversation; a run's: who started it.
+                requester = pending.requested_by
+                if pending.run_id is not None:
+                    requester = (await self.store.get_run(org_id, pending.run_id)).requested_by
             approvers = pending.approvers
         else:
             requester, approvers = None, ()
@@ -455,6 +462,13 @@ class Governance:
         await self._secret_store().delete(org_id, name)
         await self._audited(caller, UseCase.SECRETS_DELETE, org_id, args=args)
 
+    async def rotate_secret_key(self) -> Rotation:
+        """Re-seal every organisation's secrets under the current key (``secret_key``) that
+        only an older one (``secret_previous_keys``) opens. An installation's operation, not
+        an organisation's: whoever runs it holds the database and the keys (``cortex-ray
+        secrets rotate``), like the supervisor's sweeps; no principal, no audit row."""
+        return await self._secret_store().rotate()
+
     # schedules ----------------------------------------------------------------------------
 
     async def create_schedule(
@@ -468,13 +482,16 @@ class Governance:
         run_at: Any = None,
         timezone: str = "UTC",
         max_steps: int = 8,
+        max_seconds: int | None = DEFAULT_MAX_SECONDS,
         run_mode: RunMode = RunMode.EXECUTE,
         name: str = "",
         max_steps_limit: int = 64,
         principal: Principal | None = None,
     ) -> Schedule:
         """A recurring (``cron`` in ``timezone``, or every ``interval_s`` from ``run_at`` or
-        now) or one-off (``run_at``) autonomous task of an AUTONOMOUS agent.
+        now) or one-off (``run_at``) autonomous task of an AUTONOMOUS agent; each run capped
+        at ``max_steps`` and ``max_seconds`` of wall time from when it fires (``None``: no
+        time cap).
 
         Raises:
             NotFoundError: No such agent here.
@@ -499,12 +516,14 @@ class Governance:
                 timezone=timezone,
                 next_run_at=run_at,
                 max_steps=max_steps,
+                max_seconds=max_seconds,
                 run_mode=run_mode,
                 created_by=caller.id,
             ),
             utcnow(),
         )
         await self.schedules.create(schedule)
+        self.schedules_changed.set()
         await self._audited(caller, UseCase.SCHEDULES_CREATE, org_id, args=args)
         return schedule
 
@@ -557,8 +576,14 @@ class Governance:
         }[action]
         changed = await self.schedules.set_status(org_id, schedule_id, status)
         assert changed is not None
+        if status == ScheduleStatus.ACTIVE:
+            self.schedules_changed.set()
         await self._audited(caller, UseCase.SCHEDULES_CHANGE, org_id, args=args)
         return changed
+
+    async def next_schedule_at(self) -> datetime | None:
+        """When the earliest active schedule is due (the scheduler's sleep)."""
+        return await self.schedules.next_due_at()
 
     async def fire_due_schedules(self, now: Any = None) -> list[tuple[str, UUID]]:
         """Fire every due schedule once (the scheduler's sweep, in every organisation): the

@@ -139,6 +139,7 @@ def _run(row: dict[str, Any], steps: Sequence[Step] = ()) -> TaskRun:
         run_mode=RunMode(row.get("run_mode") or RunMode.EXECUTE),
         workflow_version_id=row.get("workflow_version_id"),
         workflow_inputs=row.get("workflow_inputs"),
+        deadline_at=row.get("deadline_at"),
     )
 
 
@@ -529,11 +530,20 @@ class Store:
     async def cancel_run(
         self, org_id: str, run_id: UUID, reason: str, *, audit: AuditEntry | None = None
     ) -> bool:
-        """Stop a RUNNING run: FAILED with ``reason``, its step intents removed, and with
-        ``audit`` the row that audits it, in one transaction. ``False`` (and nothing
-        written) when the run is not RUNNING; its driver stops at its next step commit,
+        """Stop a RUNNING run, or one AWAITING_APPROVAL (its pending request becomes
+        CANCELLED, never to be decided): FAILED with ``reason``, its step intents removed,
+        and with ``audit`` the row that audits it, in one transaction. ``False`` (and
+        nothing written) when the run has ended; its driver stops at its next step commit,
         whose fenced write finds the run no longer RUNNING."""
         async with self.db.transaction() as conn:
+            # The run's pending request is locked before the run, in the order a decision
+            # and the expiry sweep lock them: a cancel racing a decision waits, never
+            # deadlocks.
+            await conn.execute(
+                "SELECT 1 FROM approvals WHERE org_id = %s AND run_id = %s "
+                "AND status = 'PENDING' FOR UPDATE",
+                (org_id, run_id),
+            )
             cur = await conn.execute(
                 "SELECT status FROM task_runs WHERE org_id = %s AND id = %s FOR UPDATE",
                 (org_id, run_id),
@@ -541,7 +551,21 @@ class Store:
             row = await cur.fetchone()
             if row is None:
                 raise NotFoundError(f"task run {run_id} not found in organisation {org_id!r}")
-            if row["status"] != RunStatus.RUNNING.value:
+            if row["status"] == RunStatus.AWAITING_APPROVAL.value:
+                await conn.execute(
+                    """
+                    UPDATE approvals SET status = 'CANCELLED', decided_at = now(), note = %s
+                    WHERE org_id = %s AND run_id = %s AND status = 'PENDING'
+                    """,
+                    (reason, org_id, run_id),
+                )
+                # finish_run moves only a RUNNING run: the row is locked, so nobody else
+                # moves it between these two statements.
+                await conn.execute(
+                    "UPDATE task_runs SET status = 'RUNNING' WHERE org_id = %s AND id = %s",
+                    (org_id, run_id),
+                )
+            elif row["status"] != RunStatus.RUNNING.value:
                 return False
             await self.finish_run(conn, org_id, run_id, RunStatus.FAILED, reason=reason)
             await conn.execute(
