@@ -57,6 +57,9 @@ TABLES = (
     "eval_suites",
     "eval_runs",
     "eval_results",
+    "workflows",
+    "workflow_versions",
+    "payloads",
 )
 
 
@@ -712,6 +715,15 @@ async def estate(client: httpx2.AsyncClient, tenant: Tenant, db: Database) -> Es
         client, f"/api/orgs/{tenant.org}/sessions/{session_id}/messages", admin, "a secret message"
     )
     turn_id = events[0][1]["turnId"]
+    flows = f"/api/orgs/{tenant.org}/workflows"
+    r = await client.post(flows, headers=admin, json={"name": "victim-flow"})
+    assert r.status_code == 201, r.text
+    r = await client.post(
+        f"{flows}/victim-flow/versions",
+        headers=admin,
+        json={"instructions": "secret instructions", "tools": ["current_time"]},
+    )
+    assert r.status_code == 201, r.text
     evals = f"/api/orgs/{tenant.org}/evals"
     r = await client.post(
         f"{evals}/suites/victim-suite/cases", headers=admin, json={"runId": task_id}
@@ -837,6 +849,29 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
             {"json": {"agentId": estate.worker["id"], "goal": "pwn", "intervalS": 60}},
         ),
         "change_schedule": ("POST", f"{base}/schedules/{uuid.UUID(int=13)}/cancel", {}),
+        # workflows (tests/test_workflows.py has their own route tests)
+        "list_workflows": ("GET", f"{base}/workflows", {}),
+        "create_workflow": ("POST", f"{base}/workflows", {"json": {"name": "intruder-flow"}}),
+        "get_workflow": ("GET", f"{base}/workflows/victim-flow", {}),
+        "publish_version": (
+            "POST",
+            f"{base}/workflows/victim-flow/versions",
+            {"json": {"instructions": "pwn"}},
+        ),
+        "put_version": (
+            "PUT",
+            f"{base}/workflows/victim-flow/versions/1",
+            {"json": {"instructions": "pwn"}},
+        ),
+        "start_workflow_run": (
+            "POST",
+            f"{base}/workflows/victim-flow/runs",
+            {"json": {"agentId": estate.worker["id"]}},
+        ),
+        "list_workflow_runs": ("GET", f"{base}/workflows/victim-flow/runs", {}),
+        "workflow_run_ledger": ("GET", f"{base}/workflows/victim-flow/runs/{{task_id}}", {}),
+        "workflow_acceptance": ("GET", f"{base}/shadow/acceptance/workflows", {}),
+        "get_payload": ("GET", f"{base}/payloads/{'0' * 64}", {}),
         # the context graph (tests/test_graph_search.py has its own route tests)
         "search_graph": ("GET", f"{base}/graph/search", {"params": {"term": "door"}}),
         "graph_path": (
@@ -961,6 +996,9 @@ async def test_no_route_reads_or_writes_another_organisation(
         "list_secrets": 200,
         "put_secret": 200,  # its own organisation's secret
         "list_schedules": 200,
+        "list_workflows": 200,
+        "create_workflow": 201,  # in its own organisation
+        "workflow_acceptance": 200,
     }
     for op, (method, url, kwargs) in requests_for(estate, intruder.org).items():
         r = await client.request(method, url, headers=intruder.auth(intruder.admin), **kwargs)
