@@ -13,6 +13,10 @@ Everything it knows is in PostgreSQL, so it can stop at any time and come back:
   session that needs an actor (:meth:`AgentSession.adopt`), so bringing a passivated session
   back costs one call instead of a process start. Its name (``cortex-ray:warm/<uuid>``)
   stays: the directory maps the session's key to it.
+
+Its ``repr`` (the ``repr_name`` in Ray's dashboard) names the organisation, the agent and the
+run or session; Ray records it once, when the constructor returns, so a warm actor stays
+``AgentSession(warm)`` there (docs/operations.md, "Where to look").
 """
 
 from __future__ import annotations
@@ -132,6 +136,7 @@ class AgentSession:
         policy: SessionPolicy,
     ) -> None:
         self._key: ActorKey | None = key
+        self._agent: str | None = None  # the agent's name, once read: what __repr__ shows
         self._policy = policy
         self._actor_id: str = ray.get_runtime_context().get_actor_id() or ""
         self._closing = False
@@ -149,12 +154,35 @@ class AgentSession:
         self._idle: asyncio.Task[None] | None = None
         if key is None:
             return  # warm: waits for adopt(); the directory that created it knows it
+        # Before the constructor returns: Ray records repr(self) then, and only then.
+        self._agent = await self._agent_name(key)
         if key.kind == "run":
             # Resume (or begin) at once: after a crash Ray re-runs this constructor.
             self._drive = asyncio.create_task(self._drive_run(), name=f"drive {key.name}")
         else:
             self._idle = asyncio.create_task(self._idle_watch(), name=f"idle {key.name}")
             self._tell_directory("register", key.name, self._actor_id)
+
+    def __repr__(self) -> str:
+        """What Ray's dashboard shows as the actor's ``repr_name`` (and ``ray list actors
+        --detail``): the organisation, the agent and the run or session. Ray records it once,
+        when the constructor returns; a warm actor is recorded as ``AgentSession(warm)`` and
+        stays so after it adopts a session (its ``status`` then names both)."""
+        key = getattr(self, "_key", None)
+        if key is None:
+            return "AgentSession(warm)"
+        agent = getattr(self, "_agent", None) or "?"
+        return f"AgentSession(org={key.org_id} agent={agent} {key.kind}={key.id})"
+
+    async def _agent_name(self, key: ActorKey) -> str | None:
+        """The name of the agent ``key``'s run or session belongs to; ``None`` when it cannot
+        be read (a name for the dashboard never stops an actor: the run or turn reports
+        what is wrong)."""
+        try:
+            return await self._runtime.store.agent_name_of(key.org_id, key.kind, key.id)
+        except Exception as exc:
+            log.debug("%s: its agent's name could not be read: %s", key.name, exc)
+            return None
 
     @property
     def _bound(self) -> ActorKey:
@@ -176,7 +204,11 @@ class AgentSession:
         self._key = key
         self._last_used = time.monotonic()
         self._idle = asyncio.create_task(self._idle_watch(), name=f"idle {key.name}")
+        self._spawn(self._learn_agent(key))  # off the adoption's path: for status()
         return self._actor_id
+
+    async def _learn_agent(self, key: ActorKey) -> None:
+        self._agent = await self._agent_name(key)
 
     async def lifetime(self) -> None:
         """Returns when the actor starts to leave (raises if it dies): the directory waits
@@ -333,6 +365,7 @@ class AgentSession:
         """What the directory asks when it rebuilds its view of the cluster."""
         return {
             "name": None if self._key is None else self._key.name,  # None: warm
+            "agent": self._agent,  # the agent's name (None: warm, or not read yet)
             "actor_id": self._actor_id,
             "idle_s": time.monotonic() - self._last_used,
             "pending": self._pending,

@@ -169,6 +169,11 @@ class RetrievalConfig(BaseModel):
     """Where the API runs, how often the source health monitor checks each collection that
     has a freshness policy (a collection checked more recently is left alone); unset: never
     (docs/graph.md, "Source health")."""
+    health_report_retention_days: float | None = Field(default=30.0, gt=0)
+    """The sweeper deletes source health reports older than this, except each collection's
+    latest (the only one warnings and the API read); unset: kept forever. At the default
+    interval a collection gets 96 reports a day: 30 days is ~2,900, a month of history to
+    tell when a source went stale (docs/graph.md, "Source health")."""
 
 
 class SessionPolicy(BaseModel):

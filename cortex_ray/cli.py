@@ -1,6 +1,7 @@
 """The ``cortex-ray`` command line: agents, autonomous runs and their step logs, API keys,
-``eval`` (regression cases from runs, suites, replays), and ``ingest`` (runs the Ray
-ingestion job ``python -m jobs.ingest`` as its own process).
+``eval`` (regression cases from runs, suites, replays), and the commands that run a job as
+its own process (``ingest``: ``python -m jobs.ingest``; ``graph extract`` and ``graph
+project``: ``python -m jobs.graph_extract`` and ``jobs.graph_project``).
 
 Typer parses the command line and rich draws the spinner, the live step lines and the
 tables (see STYLE.md: we do not write CLI parsing or progress bars by hand). Settings come
@@ -19,6 +20,7 @@ import importlib.util
 import json
 import logging
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import AsyncIterator, Coroutine
@@ -111,7 +113,9 @@ eval_app = typer.Typer(
 )
 app.add_typer(eval_app, name="eval")
 graph_app = typer.Typer(
-    help="The context graph: search it, add facts (docs/graph.md).", no_args_is_help=True
+    help="The context graph: search it, add facts, run its extraction and projection jobs "
+    "(docs/graph.md).",
+    no_args_is_help=True,
 )
 app.add_typer(graph_app, name="graph")
 sources_app = typer.Typer(
@@ -597,19 +601,59 @@ def ingest_command(
     (--no-embed, --address, --database-url, --num-cpus) are passed on to the job. On a cluster,
     submit the same module with ``ray job submit`` (docs/ingestion.md).
     """
-    # The job lives in the Ray layer (jobs/), which the core never imports: it runs as its own
-    # process, exactly as ``ray job submit`` would run it.
+    _exec_job(
+        ["-m", "jobs.ingest", "--org", _org(ctx), "--collection", collection, *paths, *ctx.args]
+    )
+
+
+def _exec_job(args: list[str]) -> NoReturn:
+    """Become ``python ARGS`` (``-m jobs.<job> ...``).
+
+    The jobs live in the Ray layer (jobs/), which the core never imports: a job runs as its
+    own process, exactly as ``ray job submit`` would run it, and its exit code is the
+    command's."""
     if importlib.util.find_spec("jobs") is None:
         _fail(
-            "the ingestion job is not installed: run from a cortex-ray checkout or "
+            f"the job {args[1]} is not installed: run from a cortex-ray checkout or "
             "pip install 'cortex-ray[ray]'",
             EXIT_ERROR,
         )
-    argv = [sys.executable, "-m", "jobs.ingest", "--org", _org(ctx), "--collection", collection]
-    argv += [*paths, *ctx.args]
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, argv)
+    os.execv(sys.executable, [sys.executable, *args])
+
+
+def _job_flags(given: dict[str, Any]) -> list[str]:
+    """The flags of a job's command line, from a command's parameters (same names, kebab
+    case): those not given (``None``, ``False``) are left to the job's defaults."""
+    flags: list[str] = []
+    for name, value in given.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            flags.append(flag)
+        elif isinstance(value, list):
+            for item in value:
+                flags += [flag, str(item)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def _run_job(module: str, flags: list[str], print_command: bool) -> NoReturn:
+    """Run the job ``python -m MODULE FLAGS``, or with ``print_command`` print that command
+    line (for ``ray job submit --working-dir . -- ...``) and exit."""
+    if print_command:
+        typer.echo(shlex.join(["python", "-m", module, *flags]))
+        raise typer.Exit(0)
+    _exec_job(["-m", module, *flags])
+
+
+_PRINT_COMMAND = typer.Option(
+    "--print-command",
+    help="Print the job's command line (to submit with ray job submit) instead of running it.",
+)
 
 
 @runs_app.command("show")
@@ -1392,6 +1436,102 @@ def graph_add(
         return 0
 
     _execute(work())
+
+
+@graph_app.command("extract")
+def graph_extract(
+    ctx: typer.Context,
+    collection: Annotated[
+        str | None, typer.Option("--collection", help="Only this collection's versions.")
+    ] = None,
+    source: Annotated[
+        list[str] | None, typer.Option("--source", help="Only this source id (repeatable).")
+    ] = None,
+    since_version: Annotated[
+        int | None, typer.Option("--since-version", min=1, help="Only versions numbered ≥ N.")
+    ] = None,
+    model_version: Annotated[
+        str | None,
+        typer.Option("--model-version", help="The model's name recorded on its facts."),
+    ] = None,
+    batch: Annotated[int | None, typer.Option("--batch", help="Passages a model call.")] = None,
+    actors: Annotated[int | None, typer.Option("--actors", help="Model actors.")] = None,
+    in_flight: Annotated[
+        int | None, typer.Option("--in-flight", help="Calls each actor keeps going.")
+    ] = None,
+    num_gpus: Annotated[
+        float | None, typer.Option("--num-gpus", help="GPUs per actor (model_backend=local).")
+    ] = None,
+    address: Annotated[str | None, typer.Option("--address", help="Ray address.")] = None,
+    database_url: Annotated[
+        str | None, typer.Option("--database-url", help="PostgreSQL DSN.")
+    ] = None,
+    print_command: Annotated[bool, _PRINT_COMMAND] = False,
+) -> None:
+    """Extract entities and relationships from a collection's published passages with the
+    chat model (optional: nothing else runs it).
+
+    Runs ``python -m jobs.graph_extract`` (a Ray job) here; unset options take the
+    CORTEX_INGEST__GRAPH_MODEL_* settings. Prints the job's JSON report (docs/graph.md).
+    """
+    if not collection and not source:
+        _fail("give --collection or --source (what to extract)", EXIT_INVALID)
+    for value in source or ():
+        try:
+            UUID(value)
+        except ValueError:
+            _fail(f"--source: not a source id: {value!r}", EXIT_INVALID)
+    flags = _job_flags(
+        {
+            "org": _org(ctx), "collection": collection, "source": source,
+            "since_version": since_version, "model_version": model_version, "batch": batch,
+            "actors": actors, "in_flight": in_flight, "num_gpus": num_gpus,
+            "address": address, "database_url": database_url,
+        }
+    )  # fmt: skip
+    _run_job("jobs.graph_extract", flags, print_command)
+
+
+@graph_app.command("project")
+def graph_project(
+    uri: Annotated[
+        str | None, typer.Option("--uri", help="Bolt URI (default CORTEX_GRAPH__URI).")
+    ] = None,
+    user: Annotated[str | None, typer.Option("--user", help="Default CORTEX_GRAPH__USER.")] = None,
+    password: Annotated[
+        str | None, typer.Option("--password", help="Default CORTEX_GRAPH__PASSWORD.")
+    ] = None,
+    database: Annotated[
+        str | None, typer.Option("--database", help="Default CORTEX_GRAPH__DATABASE.")
+    ] = None,
+    database_url: Annotated[
+        str | None, typer.Option("--database-url", help="PostgreSQL DSN.")
+    ] = None,
+    batch: Annotated[int | None, typer.Option("--batch", min=1, max=50_000)] = None,
+    target: Annotated[str | None, typer.Option("--target", help="The watermark's name.")] = None,
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Project everything again.")] = False,
+    wipe: Annotated[
+        bool, typer.Option("--wipe", help="With --rebuild: delete the projection first.")
+    ] = False,
+    follow: Annotated[bool, typer.Option("--follow", help="Keep draining until stopped.")] = False,
+    print_command: Annotated[bool, _PRINT_COMMAND] = False,
+) -> None:
+    """Project the context graph's outbox into Neo4j (every organisation's), once or
+    ``--follow``; ``--rebuild`` projects everything again.
+
+    Runs ``python -m jobs.graph_project`` here; prints a JSON report per pass
+    (docs/graph.md).
+    """
+    if wipe and not rebuild:
+        _fail("--wipe only goes with --rebuild", EXIT_INVALID)
+    flags = _job_flags(
+        {
+            "uri": uri, "user": user, "password": password, "database": database,
+            "database_url": database_url, "batch": batch, "target": target,
+            "rebuild": rebuild, "wipe": wipe, "follow": follow,
+        }
+    )  # fmt: skip
+    _run_job("jobs.graph_project", flags, print_command)
 
 
 @sources_app.command("freshness")

@@ -121,7 +121,12 @@ def main(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     try:
-        job = job_options(settings, backfill_batch=batch, backfill_num_gpus=num_gpus)
+        job = job_options(
+            settings,
+            {"backfill_batch": "--batch", "backfill_num_gpus": "--num-gpus"},
+            backfill_batch=batch,
+            backfill_num_gpus=num_gpus,
+        )
     except CortexError as exc:
         typer.echo(f"error: {exc}", err=True)
         if embedded is not None:

@@ -373,12 +373,18 @@ def main(
         sources = [str(UUID(s)) for s in source or ()]
         job = job_options(
             settings,
+            {
+                "graph_model_batch": "--batch",
+                "graph_model_actors": "--actors",
+                "graph_model_in_flight": "--in-flight",
+                "graph_model_num_gpus": "--num-gpus",
+            },
             graph_model_batch=batch,
             graph_model_actors=actors,
             graph_model_in_flight=in_flight,
             graph_model_num_gpus=num_gpus,
         )
-    except ValueError as exc:  # InvalidRequestError, or a --source that is no UUID
+    except (InvalidRequestError, ValueError) as exc:  # or a --source that is no UUID
         text = str(exc) if isinstance(exc, InvalidRequestError) else f"--source: {exc}"
         typer.echo(f"error: {text}", err=True)
         raise typer.Exit(2) from None

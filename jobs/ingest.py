@@ -23,7 +23,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -82,9 +82,12 @@ def job_default(name: str) -> Any:
     return IngestJobOptions.model_fields[name].default
 
 
-def job_options(settings: Settings, **flags: Any) -> IngestJobOptions:
+def job_options(
+    settings: Settings, flag_names: Mapping[str, str] | None = None, **flags: Any
+) -> IngestJobOptions:
     """``settings.ingest`` with the flags that were given (not ``None``) put over it,
-    validated by the same model (so a flag obeys the setting's limits).
+    validated by the same model (so a flag obeys the setting's limits). ``flag_names`` names
+    the flag of a setting whose flag is not its name in kebab case.
 
     Raises:
         InvalidRequestError: A flag is out of range; the message names it.
@@ -94,7 +97,8 @@ def job_options(settings: Settings, **flags: Any) -> IngestJobOptions:
         return IngestJobOptions.model_validate({**settings.ingest.model_dump(), **given})
     except ValidationError as exc:
         first = exc.errors()[0]
-        flag = "--" + str(first["loc"][0]).replace("_", "-")
+        field = str(first["loc"][0])
+        flag = (flag_names or {}).get(field) or "--" + field.replace("_", "-")
         raise InvalidRequestError(f"invalid option {flag}: {first['msg']}") from None
 
 

@@ -496,7 +496,12 @@ def create_app(
             stack.push_async_callback(supervisor.aclose)
             every = state.runtime.settings.knowledge.health_check_interval_s
             if every is not None:  # the source health monitor, on a schedule (docs/graph.md)
-                sweeper = HealthSweeper(SourceHealthMonitor(state.runtime.db), every)
+                knowledge = state.runtime.settings.knowledge
+                sweeper = HealthSweeper(
+                    SourceHealthMonitor(state.runtime.db),
+                    every,
+                    retention_days=knowledge.health_report_retention_days,
+                )
                 await sweeper.start()
                 stack.push_async_callback(sweeper.aclose)
             log.info("cortex-ray API ready (executor: %s)", type(state.executor).__name__)

@@ -256,6 +256,22 @@ async def live_sessions(sessions: SessionManager, org: str) -> set[str]:
     return served
 
 
+def recorded_reprs(namespace: str) -> dict[str, str]:
+    """``repr_name`` by actor name and by actor id, for a namespace's actors (dead ones too),
+    as the GCS records them: the table the Ray dashboard's Actors tab and ``ray list actors
+    --detail`` read through the dashboard's state API (``ray.util.state``), which needs a
+    dashboard this test cluster does not start, so the table is read here directly."""
+    from ray._private.state import state
+    from ray.core.generated.gcs_pb2 import ActorTableData
+
+    found = {}
+    for raw in state._global_state_accessor.get_actor_table(None, None):
+        actor = ActorTableData.FromString(raw)
+        if actor.ray_namespace == namespace:
+            found[actor.name] = found[actor.actor_id.hex()] = actor.repr_name
+    return found
+
+
 async def equals(value: Any, expected: Any) -> bool:
     """``await value == expected``, for ``eventually``."""
     return bool(await value == expected)
@@ -348,6 +364,10 @@ async def test_a_run_driven_by_its_actor_completes_and_the_actor_exits(
     assert done.result == "all applied"
     # A run actor exits when its run is terminal.
     assert await eventually(lambda: not live_actors(sessions, org, "run"))
+    # Ray's dashboard names the agent it served (issue 16).
+    assert recorded_reprs(sessions.policy.namespace)[ActorKey.run(org, run.id).name] == (
+        f"AgentSession(org={org} agent=worker run={run.id})"
+    )
 
 
 async def unopenable(settings: Settings) -> Runtime:
@@ -536,6 +556,12 @@ async def test_turns_queue_one_at_a_time_and_end_session_retires_the_actor(
     name = ActorKey.session(org, session_id).name
     assert await sessions.live_sessions() == [name]
     assert live_actors(sessions, org, "session") == {name}
+    agent = await local.store.get_agent(
+        org, (await local.store.get_session(org, session_id)).agent_id
+    )
+    assert recorded_reprs(sessions.policy.namespace)[name] == (
+        f"AgentSession(org={org} agent={agent.name} session={session_id})"
+    )
 
     facts = await sessions.end_session(org, session_id)
     assert [f.content for f in facts] == ["it ended"]
@@ -619,6 +645,17 @@ async def test_an_idle_session_passivates_and_comes_back_with_its_history(
     status = await adopted.status.remote()
     assert status["actor_id"] in warm and status["actor_id"] != first_id
     assert status["name"] == ActorKey.session(org, session_id).name
+    # Ray recorded the warm actor's repr when it started, before it had a session, and
+    # never records it again: the dashboard says "warm"; its status names the agent.
+    assert recorded_reprs(namespace)[status["actor_id"]] == "AgentSession(warm)"
+    agent = await local.store.get_agent(
+        org, (await local.store.get_session(org, session_id)).agent_id
+    )
+
+    async def agent_known() -> bool:
+        return bool((await adopted.status.remote())["agent"] == agent.name)
+
+    assert await eventually(agent_known)
 
     # A message racing a passivation is refused unrun by the leaving actor and served by
     # its successor.

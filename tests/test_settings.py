@@ -283,6 +283,9 @@ def test_job_flags_override_the_settings_within_their_limits(
     assert (job.backfill_batch, job.num_cpus, job.embed) == (64, 1, False)
     with pytest.raises(InvalidRequestError, match="--max-passage-bytes"):
         job_options(settings, max_passage_bytes=3)
+    # A job whose flag is not the setting's name (jobs.backfill's --batch) names its flag.
+    with pytest.raises(InvalidRequestError, match="invalid option --batch: "):
+        job_options(settings, {"backfill_batch": "--batch"}, backfill_batch=0)
 
 
 def test_no_entry_point_builds_settings_by_hand() -> None:

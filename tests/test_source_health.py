@@ -216,3 +216,58 @@ async def test_the_scheduled_sweep_checks_collections_with_a_policy_when_due(
     again = await monitor.latest(org, "docs")
     assert again is not None and again.id != latest.id and again.id in {r.id for r in later}
     assert await monitor.latest(org, "unwatched") is None
+
+
+async def test_the_sweep_deletes_reports_past_their_retention_but_each_latest(
+    scripted_runtime: Callable[..., Any], db: Database, org: str
+) -> None:
+    """Retention (``knowledge.health_report_retention_days``): reports older than it go with
+    their findings, each collection's latest stays however old, and the warnings hits and
+    facts carry (read from the latest report) are the same before and after."""
+    from cortex_ray.knowledge import HealthSweeper
+
+    runtime = await scripted_runtime(None)
+    await asyncio.to_thread(publish, db.dsn, org)
+    with KnowledgeWriter(db.dsn) as writer:
+        ingest(writer, org, "solo", {"a.md": b"# A\n\nChecked once, long ago.\n"})
+    monitor = SourceHealthMonitor(db)
+    await monitor.set_policy(org, "docs", 86400)
+    now = datetime.now(UTC)
+    old = [await monitor.check(org, "docs", now=now - timedelta(days=d)) for d in (60, 40)]
+    recent = await monitor.check(org, "docs", now=now - timedelta(days=5))
+    latest = await monitor.check(org, "docs", now=now)
+    solo = await monitor.check(org, "solo", now=now - timedelta(days=90))
+
+    async def warnings() -> tuple[dict[str, str | None], list[str]]:
+        hits = await runtime.search_knowledge(org, "zebra", k=10)
+        facts = await runtime.search_graph(org, terms=["arch@example.com"])
+        return {h.path: h.warning for h in hits.hits}, facts.warnings
+
+    before = await warnings()
+    assert before[1] and before[0]["locked.md"] is not None
+
+    # An interval no collection is due in: this sweep only prunes.
+    sweeper = HealthSweeper(monitor, interval_s=1e9, retention_days=30)
+    assert await sweeper.sweep(now=now) == []
+    async with db.connection() as conn:
+        rows = await (
+            await conn.execute(
+                "SELECT collection, id FROM kb_health_reports WHERE org_id = %s", (org,)
+            )
+        ).fetchall()
+        orphans = await (
+            await conn.execute(
+                "SELECT count(*) AS n FROM kb_health_findings WHERE org_id = %s "
+                "AND report_id = ANY(%s)",
+                (org, [r.id for r in old]),
+            )
+        ).fetchone()
+    assert {(r["collection"], r["id"]) for r in rows} == {
+        ("docs", recent.id),
+        ("docs", latest.id),
+        ("solo", solo.id),  # 90 days old, but the collection's latest
+    }
+    assert orphans is not None and orphans["n"] == 0
+    assert (await monitor.latest(org, "docs")) == latest
+    assert (await monitor.latest(org, "solo")) == solo
+    assert await warnings() == before

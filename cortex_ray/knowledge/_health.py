@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID
 
@@ -212,6 +212,42 @@ class SourceHealthMonitor:
                 continue
         return reports
 
+    async def prune(
+        self, retention_s: float, *, now: datetime | None = None, batch: int = 1000
+    ) -> int:
+        """Delete the reports (of every organisation) checked more than ``retention_s`` ago,
+        except each collection's latest, with their findings; how many reports went.
+
+        Every read of the reports (``latest``, the ``kb_source_findings`` view behind the
+        warnings, ``check_due``'s last check) looks only at a collection's latest report,
+        which is never deleted however old, so what agents and callers are told is
+        unchanged. Deletes ``batch`` reports a transaction, so that a first prune of a long
+        history holds no long lock.
+        """
+        now = now or datetime.now(UTC)
+        deleted = 0
+        while True:
+            async with self.db.transaction() as conn:
+                cur = await conn.execute(
+                    """
+                    DELETE FROM kb_health_reports d
+                    USING (
+                        SELECT r.org_id, r.id FROM kb_health_reports r
+                        WHERE r.checked_at < %s - make_interval(secs => %s)
+                          AND r.id < (SELECT max(l.id) FROM kb_health_reports l
+                                      WHERE l.org_id = r.org_id
+                                        AND l.collection = r.collection)
+                        LIMIT %s
+                    ) old
+                    WHERE d.org_id = old.org_id AND d.id = old.id
+                    """,
+                    (now, retention_s, batch),
+                )
+                gone = cur.rowcount
+            deleted += gone
+            if gone < batch:
+                return deleted
+
     async def latest(self, org_id: str, collection: str) -> SourceHealthReport | None:
         """The collection's latest report, or ``None`` before its first check."""
         async with self.db.connection() as conn:
@@ -257,13 +293,22 @@ class HealthSweeper:
 
     It wakes every ``min(interval_s, 60)`` seconds, so a new freshness policy is checked
     within a minute, and a collection is checked again once its last report is
-    ``interval_s`` old (however many processes sweep).
+    ``interval_s`` old (however many processes sweep). With ``retention_days`` it also
+    deletes the reports older than that, keeping each collection's latest (``prune``).
     """
 
-    def __init__(self, monitor: SourceHealthMonitor, interval_s: float) -> None:
+    def __init__(
+        self,
+        monitor: SourceHealthMonitor,
+        interval_s: float,
+        *,
+        retention_days: float | None = None,
+    ) -> None:
         self.monitor = monitor
         self.interval_s = interval_s
+        self.retention_days = retention_days
         self._task: asyncio.Task[None] | None = None
+        self._pruned_at: datetime | None = None
 
     async def start(self) -> None:
         if self._task is None or self._task.done():
@@ -277,12 +322,24 @@ class HealthSweeper:
                 await task
 
     async def sweep(self, *, now: datetime | None = None) -> list[SourceHealthReport]:
-        """One pass: check the collections that are due; their reports."""
+        """One pass: check the collections that are due, then (at most once an hour) delete
+        the reports older than ``retention_days`` but each collection's latest; the new
+        reports."""
+        now = now or datetime.now(UTC)
         reports = await self.monitor.check_due(self.interval_s, now=now)
         for r in reports:
             unhealthy = sum(1 for f in r.findings if f.kind in WARNING_KINDS)
             if unhealthy:
                 log.warning("collection %s: %d unhealthy findings", r.collection, unhealthy)
+        # Hourly: the retention is days long, and the old reports are found by a scan
+        # of the reports' table (no index on checked_at), which every minute would waste.
+        if self.retention_days is not None and (
+            self._pruned_at is None or now - self._pruned_at >= timedelta(hours=1)
+        ):
+            self._pruned_at = now
+            gone = await self.monitor.prune(self.retention_days * 86400, now=now)
+            if gone:
+                log.info("deleted %d source health reports past their retention", gone)
         return reports
 
     async def _loop(self) -> None:

@@ -12,7 +12,7 @@ import json
 import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID, uuid4
 
 import psycopg
@@ -698,6 +698,22 @@ class Store:
             created_at=row["created_at"],
             ended_at=row["ended_at"],
         )
+
+    async def agent_name_of(self, org_id: str, kind: Literal["run", "session"], id: UUID) -> str:
+        """The name of the agent a task run or a session belongs to, in one statement (what
+        a session actor shows Ray's dashboard)."""
+        table = "task_runs" if kind == "run" else "sessions"
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT a.name FROM {table} x JOIN agents a "
+                "ON a.org_id = x.org_id AND a.id = x.agent_id WHERE x.org_id = %s AND x.id = %s",
+                (org_id, id),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFoundError(f"{kind} {id} not found in organisation {org_id!r}")
+        name: str = row["name"]
+        return name
 
     @staticmethod
     async def end_session(conn: Conn, org_id: str, session_id: UUID, at: datetime) -> None:
