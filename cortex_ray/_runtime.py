@@ -846,7 +846,7 @@ class Runtime:
         reason: str | None = None,
     ) -> TaskRun:
         """Stop a RUNNING run, or one AWAITING_APPROVAL (its pending request is then
-        CANCELLED), as the person it acts for or an admin: it becomes FAILED with
+        CANCELLED), as the person it acts for or an admin: it becomes CANCELLED with
         the reason "cancelled by <principal>" (then ``reason``, if given) and loses its step
         intents, in one transaction; its driver stops at its next step commit, whose fenced
         write finds the run no longer RUNNING. A run that already ended is returned as it
@@ -875,8 +875,16 @@ class Runtime:
                 caller, UseCase.TASKS_CANCEL, org_id, "OK", None, None,
                 {**args, "reason": why}, run_id=run_id,
             )  # fmt: skip
-        if await self.store.cancel_run(org_id, run_id, why, audit=audit) and audit is not None:
-            self._log_audited(caller, UseCase.TASKS_CANCEL, "OK")
+        if await self.store.cancel_run(org_id, run_id, why, audit=audit):
+            if audit is not None:
+                self._log_audited(caller, UseCase.TASKS_CANCEL, "OK")
+            # The driver that loses the run records nothing (its fenced write fails): the
+            # cancel is where the run ends, so it counts the run's outcome.
+            agent = await self.store.get_agent(org_id, run.agent_id)
+            metrics.record(
+                metrics.RUNS_FINISHED, org=org_id, agent=agent.name,
+                outcome=RunStatus.CANCELLED.value,
+            )  # fmt: skip
         return await self.store.get_run(org_id, run_id)
 
     async def list_runs(

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from cortex_ray._exceptions import ConflictError, InvalidRequestError, NotFoundError
-from cortex_ray._types import AgentMode, Principal, RunMode, RunStatus, utcnow
+from cortex_ray._types import AgentMode, Principal, RunMode, utcnow
 from cortex_ray.access import UseCase
 from cortex_ray.governance._policy import ConnectorPolicy, check_constraints
 from cortex_ray.governance._schedules import (
@@ -314,7 +314,7 @@ class Governance:
         run = await self.store.get_run(org_id, run_id)
         if run.run_mode is not RunMode.SHADOW:
             raise InvalidRequestError(f"run {run_id} is a {run.run_mode.value} run, not shadow")
-        if run.status not in (RunStatus.COMPLETED, RunStatus.FAILED):
+        if not run.status.ended:
             raise ConflictError(f"run {run_id} has not ended ({run.status.value})")
         record = await self.gov.put_label(org_id, run_id, label, note, caller.id)
         await self._audited(caller, UseCase.TASKS_LABEL, org_id, args=args)

@@ -531,7 +531,7 @@ class Store:
         self, org_id: str, run_id: UUID, reason: str, *, audit: AuditEntry | None = None
     ) -> bool:
         """Stop a RUNNING run, or one AWAITING_APPROVAL (its pending request becomes
-        CANCELLED, never to be decided): FAILED with ``reason``, its step intents removed,
+        CANCELLED, never to be decided): CANCELLED with ``reason``, its step intents removed,
         and with ``audit`` the row that audits it, in one transaction. ``False`` (and
         nothing written) when the run has ended; its driver stops at its next step commit,
         whose fenced write finds the run no longer RUNNING."""
@@ -567,7 +567,7 @@ class Store:
                 )
             elif row["status"] != RunStatus.RUNNING.value:
                 return False
-            await self.finish_run(conn, org_id, run_id, RunStatus.FAILED, reason=reason)
+            await self.finish_run(conn, org_id, run_id, RunStatus.CANCELLED, reason=reason)
             await conn.execute(
                 "DELETE FROM step_intents WHERE org_id = %s AND run_id = %s", (org_id, run_id)
             )
