@@ -837,6 +837,33 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
             {"json": {"agentId": estate.worker["id"], "goal": "pwn", "intervalS": 60}},
         ),
         "change_schedule": ("POST", f"{base}/schedules/{uuid.UUID(int=13)}/cancel", {}),
+        # workflows (tests/test_workflows.py has their own route tests)
+        "list_workflows": ("GET", f"{base}/workflows", {}),
+        "create_workflow": ("POST", f"{base}/workflows", {"json": {"name": "intruded"}}),
+        "get_workflow": ("GET", f"{base}/workflows/victimflow", {}),
+        "publish_version": (
+            "POST",
+            f"{base}/workflows/victimflow/versions",
+            {"json": {"instructions": "pwn"}},
+        ),
+        "put_version": (
+            "PUT",
+            f"{base}/workflows/victimflow/versions/1",
+            {"json": {"instructions": "pwn"}},
+        ),
+        "start_workflow_run": (
+            "POST",
+            f"{base}/workflows/victimflow/runs",
+            {"json": {"agentId": estate.worker["id"], "inputs": {}}},
+        ),
+        "list_workflow_runs": ("GET", f"{base}/workflows/victimflow/runs", {}),
+        "workflow_run_ledger": (
+            "GET",
+            f"{base}/workflows/victimflow/runs/{{task_id}}",
+            {"params": {"limit": 10}},
+        ),
+        "workflow_acceptance": ("GET", f"{base}/shadow/acceptance/workflows", {}),
+        "get_payload": ("GET", f"{base}/payloads/{'a' * 64}", {}),
         # the context graph (tests/test_graph_search.py has its own route tests)
         "search_graph": ("GET", f"{base}/graph/search", {"params": {"term": "door"}}),
         "graph_path": (
@@ -961,6 +988,9 @@ async def test_no_route_reads_or_writes_another_organisation(
         "list_secrets": 200,
         "put_secret": 200,  # its own organisation's secret
         "list_schedules": 200,
+        "list_workflows": 200,
+        "create_workflow": 201,  # its own organisation's workflow
+        "workflow_acceptance": 200,
     }
     for op, (method, url, kwargs) in requests_for(estate, intruder.org).items():
         r = await client.request(method, url, headers=intruder.auth(intruder.admin), **kwargs)
