@@ -108,6 +108,7 @@ from cortex_ray.governance import (
     ConnectorPolicy,
     Governance,
     GovernanceStore,
+    InputLimits,
     SecretStore,
     Workflows,
     WorkflowVersion,
@@ -219,7 +220,15 @@ class Runtime:
         self.registry = ToolRegistry([*builtin_tools(), *searching, *tools], classifier)
         # Connector tools are decided by their grants too, in the same gate (issue 18).
         self.connector_policy = ConnectorPolicy(
-            GovernanceStore(db), connectors, cache_s=settings.grant_cache_s
+            GovernanceStore(db, payload_inline_bytes=settings.payload_inline_bytes),
+            connectors,
+            cache_s=settings.grant_cache_s,
+            pattern_budget_s=settings.schema_pattern_budget_s,
+        )
+        input_limits = InputLimits(
+            max_bytes=settings.workflow_input_max_bytes,
+            max_pattern_chars=settings.schema_pattern_max_chars,
+            pattern_budget_s=settings.schema_pattern_budget_s,
         )
         self.secrets = SecretStore(db, settings)
         self.dispatcher = ToolDispatcher(
@@ -241,6 +250,7 @@ class Runtime:
             audited=self._audited,
             excludes_requester=settings.approval_excludes_requester,
             secrets=self.secrets,
+            input_limits=input_limits,
         )
         """Connectors, grants and the audit log (``cortex_ray.governance``), as use cases."""
         self.workflows = Workflows(
@@ -251,6 +261,7 @@ class Runtime:
             authorize=self._authorize,
             audited=self._audited,
             start=self._start_run,
+            input_limits=input_limits,
         )
         """Workflow definitions, immutable versions, runs and their ledgers, as use cases."""
         self.composer = PromptComposer(

@@ -880,17 +880,20 @@ class Store:
         await conn.execute(_INSERT_AUDIT, _audit_params(entry))
 
     async def payload_of_a_run(self, org_id: str, sha256: str) -> bool:
-        """Whether a call of some run references this payload (a member may read it, as
-        the run's report); a direct call's or a session's alone is the admins'."""
+        """Whether a call of some run, or an approval request (members read requests
+        whole), references this payload (a member may read it, as the run's report); a
+        direct call's or a session's alone is the admins'."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 """
                 SELECT EXISTS (SELECT 1 FROM audit_log WHERE org_id = %s AND args_ref = %s
                                  AND run_id IS NOT NULL)
                     OR EXISTS (SELECT 1 FROM audit_log WHERE org_id = %s AND result_ref = %s
-                                 AND run_id IS NOT NULL) AS found
+                                 AND run_id IS NOT NULL)
+                    OR EXISTS (SELECT 1 FROM approvals WHERE org_id = %s
+                                 AND %s IN (args_ref, decision_ref, evidence_ref)) AS found
                 """,
-                (org_id, sha256, org_id, sha256),
+                (org_id, sha256, org_id, sha256, org_id, sha256),
             )
             row = await cur.fetchone()
         return bool(row and row["found"])
