@@ -635,6 +635,18 @@ async def test_workflows_over_http(runtime: Runtime, org: str) -> None:
             assert ledger["status"] == "COMPLETED" and ledger["version"] == 1
             assert [e["kind"] for e in ledger["events"]][-2:] == ["finished", "evidence"]
             assert ledger["evidence"]["satisfied"] is True
+            assert ledger["nextAfter"] is None
+            # A page at a time: the cursor of each page reads the next.
+            url, paged, after = f"{base}/triage/runs/{run_id}", [], None
+            while True:
+                params: dict[str, Any] = {"limit": 2} | ({"after": after} if after else {})
+                page = (await http.get(url, headers=hm, params=params)).json()
+                paged.extend(page["events"])
+                if (after := page["nextAfter"]) is None:
+                    break
+            assert paged == ledger["events"] and len(paged) > 2
+            for bad in ({"limit": 0}, {"limit": 1001}, {"after": "x.1"}):
+                assert error(await http.get(url, headers=hm, params=bad), 422)
             runs = (await http.get(f"{base}/triage/runs", headers=hm)).json()["runs"]
             assert [x["id"] for x in runs] == [run_id]
             r = await http.get(f"/api/orgs/{org}/shadow/acceptance/workflows", headers=hm)
