@@ -550,15 +550,25 @@ def schedules_list(ctx: typer.Context) -> None:
         async with _cli()._runtime(with_models=False) as runtime:
             found = await runtime.governance.list_schedules(org, principal=Principal.operator(org))
         table = _cli()._list_table(f"schedules of {org}")
-        for column in ("id", "status", "when", "next", "fired", "goal"):
+        for column in ("id", "status", "when", "next", "fired", "goal", "last error"):
             table.add_column(column, overflow="fold")
         for s in found:
             when = (s.cron and f"{s.cron} ({s.timezone})") or (
                 f"every {s.interval_s}s" if s.interval_s else "once"
             )
             nxt = s.next_run_at.isoformat(timespec="seconds") if s.next_run_at else ""
+            what = s.goal
+            if s.workflow is not None:
+                pinned = "latest" if s.workflow_version is None else f"v{s.workflow_version}"
+                what = f"workflow {s.workflow} ({pinned}) {json.dumps(s.inputs or {})}"
             table.add_row(
-                str(s.id), s.status, when, nxt, str(s.fired), Text(_cli()._shorten(s.goal, 60))
+                str(s.id),
+                s.status,
+                when,
+                nxt,
+                str(s.fired),
+                Text(_cli()._shorten(what, 60)),
+                Text(_cli()._shorten(s.last_error or "", 80)),
             )
         _cli()._out.print(table)
         return 0
@@ -570,7 +580,19 @@ def schedules_list(ctx: typer.Context) -> None:
 def schedules_create(
     ctx: typer.Context,
     agent: Annotated[str, typer.Argument(help="An AUTONOMOUS agent's name or id.")],
-    goal: Annotated[str, typer.Argument(help="The goal of each run.")],
+    goal: Annotated[
+        str | None, typer.Argument(help="The goal of each run (none with --workflow).")
+    ] = None,
+    workflow: Annotated[
+        str | None,
+        typer.Option("--workflow", help="Each run is a run of this workflow (instead of GOAL)."),
+    ] = None,
+    version: Annotated[
+        int | None, typer.Option("--version", min=1, help="The workflow's pinned version.")
+    ] = None,
+    inputs: Annotated[
+        str | None, typer.Option("--inputs", help="The workflow's inputs, a JSON object.")
+    ] = None,
     cron: Annotated[str | None, typer.Option("--cron", help="e.g. '0 9 * * 1-5'.")] = None,
     every: Annotated[int | None, typer.Option("--every", help="Interval in seconds.")] = None,
     at: Annotated[
@@ -581,19 +603,31 @@ def schedules_create(
     max_seconds: Annotated[
         int, typer.Option("--max-seconds", help="Each run's wall-time cap (0: none).")
     ] = 3600,
-    run_mode: Annotated[RunMode, typer.Option("--mode", help="execute|dry_run|shadow")] = (
-        RunMode.EXECUTE
-    ),
+    run_mode: Annotated[
+        RunMode | None,
+        typer.Option(
+            "--mode", help="execute|dry_run|shadow (default: execute, or the workflow's default)"
+        ),
+    ] = None,
 ) -> None:
-    """Schedule an agent's goal: --cron, --every, or --at alone for a one-off."""
+    """Schedule an agent's GOAL, or a --workflow's runs with its --inputs (checked now and
+    at every firing): --cron, --every, or --at alone for a one-off."""
     org = _cli()._org(ctx)
 
     async def work() -> int:
+        if (workflow is None) == (goal is None):
+            raise InvalidRequestError("give a GOAL or --workflow, one of the two")
+        if workflow is None and (version is not None or inputs is not None):
+            raise InvalidRequestError("--version and --inputs go with --workflow")
+        given = None if inputs is None else _json_object(inputs, "--inputs")
         async with _cli()._runtime(with_models=False) as runtime:
             made = await runtime.governance.create_schedule(
                 org,
                 agent,
-                goal,
+                goal or "",
+                workflow=workflow,
+                workflow_version=version,
+                inputs=given if workflow is None else (given or {}),
                 cron=cron,
                 interval_s=every,
                 run_at=at,

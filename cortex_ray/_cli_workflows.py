@@ -192,16 +192,31 @@ def workflow_run(
 def workflow_ledger(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(help="The run's id.")],
-    as_json: Annotated[bool, typer.Option("--json", help="The whole ledger as JSON.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The page as JSON, with its payloads.")
+    ] = False,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=1000, help="Events in this page, at most.")
+    ] = 200,
+    after: Annotated[
+        str | None,
+        typer.Option("--after", help="The page after this cursor (the previous page's next)."),
+    ] = None,
 ) -> None:
-    """A run's ledger: one timeline of proposals, gate decisions, approvals, evidence."""
+    """A run's ledger: one timeline of proposals, gate decisions, approvals, evidence, a
+    page of events at a time (--limit; then --after the cursor printed at the end)."""
     org = _cli()._org(ctx)
 
     async def work() -> int:
         key = _cli()._parse_uuid(run_id, "run")
         async with _cli()._runtime(with_models=False) as runtime:
             ledger = await runtime.workflows.ledger(
-                org, key, payloads=as_json, principal=Principal.operator(org)
+                org,
+                key,
+                payloads=as_json,
+                limit=limit,
+                after=after,
+                principal=Principal.operator(org),
             )
         if as_json:
             typer.echo(ledger.model_dump_json(indent=2))
@@ -226,6 +241,8 @@ def workflow_ledger(
                 Text(_cli()._shorten(detail, 100)),
             )
         _cli()._out.print(table)
+        if ledger.next_after is not None:
+            _cli()._err.print(Text(f"more events: --after {ledger.next_after}"), soft_wrap=True)
         return 0
 
     _cli()._execute(work())

@@ -150,7 +150,7 @@ class DecisionCycle:
         self.interactive = interactive
         self.learner = learner
         self.leases = RunLeases(db)  # one driver per run: held, renewed, fenced writes
-        self.approvals = GovernanceStore(db)  # approval requests pause runs (issue 18)
+        self.approvals = GovernanceStore(db, payload_inline_bytes=settings.payload_inline_bytes)
         self.workflows = WorkflowStore(db)  # a workflow run's allow-list and evidence
 
     # the shared step ----------------------------------------------------------------------

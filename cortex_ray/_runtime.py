@@ -108,6 +108,7 @@ from cortex_ray.governance import (
     ConnectorPolicy,
     Governance,
     GovernanceStore,
+    InputLimits,
     SecretStore,
     Workflows,
     WorkflowVersion,
@@ -219,7 +220,15 @@ class Runtime:
         self.registry = ToolRegistry([*builtin_tools(), *searching, *tools], classifier)
         # Connector tools are decided by their grants too, in the same gate (issue 18).
         self.connector_policy = ConnectorPolicy(
-            GovernanceStore(db), connectors, cache_s=settings.grant_cache_s
+            GovernanceStore(db, payload_inline_bytes=settings.payload_inline_bytes),
+            connectors,
+            cache_s=settings.grant_cache_s,
+            pattern_budget_s=settings.schema_pattern_budget_s,
+        )
+        input_limits = InputLimits(
+            max_bytes=settings.workflow_input_max_bytes,
+            max_pattern_chars=settings.schema_pattern_max_chars,
+            pattern_budget_s=settings.schema_pattern_budget_s,
         )
         self.secrets = SecretStore(db, settings)
         self.dispatcher = ToolDispatcher(
@@ -241,6 +250,7 @@ class Runtime:
             audited=self._audited,
             excludes_requester=settings.approval_excludes_requester,
             secrets=self.secrets,
+            input_limits=input_limits,
         )
         """Connectors, grants and the audit log (``cortex_ray.governance``), as use cases."""
         self.workflows = Workflows(
@@ -251,6 +261,7 @@ class Runtime:
             authorize=self._authorize,
             audited=self._audited,
             start=self._start_run,
+            input_limits=input_limits,
         )
         """Workflow definitions, immutable versions, runs and their ledgers, as use cases."""
         self.composer = PromptComposer(
@@ -846,7 +857,7 @@ class Runtime:
         reason: str | None = None,
     ) -> TaskRun:
         """Stop a RUNNING run, or one AWAITING_APPROVAL (its pending request is then
-        CANCELLED), as the person it acts for or an admin: it becomes FAILED with
+        CANCELLED), as the person it acts for or an admin: it becomes CANCELLED with
         the reason "cancelled by <principal>" (then ``reason``, if given) and loses its step
         intents, in one transaction; its driver stops at its next step commit, whose fenced
         write finds the run no longer RUNNING. A run that already ended is returned as it
@@ -875,8 +886,16 @@ class Runtime:
                 caller, UseCase.TASKS_CANCEL, org_id, "OK", None, None,
                 {**args, "reason": why}, run_id=run_id,
             )  # fmt: skip
-        if await self.store.cancel_run(org_id, run_id, why, audit=audit) and audit is not None:
-            self._log_audited(caller, UseCase.TASKS_CANCEL, "OK")
+        if await self.store.cancel_run(org_id, run_id, why, audit=audit):
+            if audit is not None:
+                self._log_audited(caller, UseCase.TASKS_CANCEL, "OK")
+            # The driver that loses the run records nothing (its fenced write fails): the
+            # cancel is where the run ends, so it counts the run's outcome.
+            agent = await self.store.get_agent(org_id, run.agent_id)
+            metrics.record(
+                metrics.RUNS_FINISHED, org=org_id, agent=agent.name,
+                outcome=RunStatus.CANCELLED.value,
+            )  # fmt: skip
         return await self.store.get_run(org_id, run_id)
 
     async def list_runs(

@@ -645,6 +645,26 @@ class Settings(BaseSettings):
         "once per organisation by its sha256 and referenced from the audit row, not copied "
         'into it (docs/governance.md, "Workflow ledger")',
     )
+    workflow_input_max_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="a workflow run's inputs, as JSON, at most (checked before its schema)",
+    )
+    schema_pattern_max_chars: int = Field(
+        default=1000,
+        ge=16,
+        description="a `pattern` in a workflow version's input schema or a grant's "
+        "constraints is at most this long when it is published or granted",
+    )
+    schema_pattern_budget_s: float = Field(
+        default=0.25,
+        gt=0,
+        le=10,
+        description="all the pattern matches of one check (a run's inputs against its "
+        "version's schema, a call's arguments against a grant's constraints) together run at "
+        "most this long: a catastrophic pattern is a refusal, not a hang",
+    )
     grant_cache_s: float = Field(
         default=1.0,
         ge=0,

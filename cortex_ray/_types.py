@@ -417,6 +417,14 @@ class RunStatus(StrEnum):
     no actor; a person's decision, or its expiry, puts it back to RUNNING."""
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    """A person stopped it (``Runtime.cancel_run``); its reason says who and why. Terminal,
+    like COMPLETED and FAILED: never driven or resumed again."""
+
+    @property
+    def ended(self) -> bool:
+        """COMPLETED, FAILED or CANCELLED: nothing will drive the run again."""
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 class RecordedToolCall(_Model):

@@ -9,7 +9,8 @@ from the environment (``CORTEX_*``); every command opens the runtime, does one t
 closes it again, which also stops the embedded PostgreSQL when this process started it.
 
 Exit codes: 0 success; 1 a cortex-ray error (not found, storage, configuration, model);
-2 invalid input; 3 a run that ended FAILED; 4 an eval run with a failing case; 130
+2 invalid input; 3 a run that ended FAILED; 4 an eval run with a failing case; 5 a run a
+person cancelled (CANCELLED); 130
 interrupted (SIGINT); 143 stopped (SIGTERM).
 """
 
@@ -83,6 +84,7 @@ EXIT_ERROR = 1
 EXIT_INVALID = 2
 EXIT_RUN_FAILED = 3
 EXIT_EVAL_FAILED = 4
+EXIT_RUN_CANCELLED = 5
 EXIT_INTERRUPTED = 130
 
 _out = Console(highlight=False)
@@ -313,7 +315,13 @@ def _step_table(run: TaskRun) -> Table:
     return table
 
 
-_STATUS_STYLE = {RunStatus.COMPLETED: "green", RunStatus.FAILED: "red", RunStatus.RUNNING: "yellow"}
+_STATUS_STYLE = {
+    RunStatus.COMPLETED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.CANCELLED: "magenta",
+    RunStatus.RUNNING: "yellow",
+    RunStatus.AWAITING_APPROVAL: "cyan",
+}
 
 
 def _print_run(run: TaskRun, agent_name: str | None = None) -> None:
@@ -337,7 +345,11 @@ def _print_run(run: TaskRun, agent_name: str | None = None) -> None:
 
 
 def _run_exit_code(run: TaskRun) -> int:
-    return {RunStatus.COMPLETED: 0, RunStatus.FAILED: EXIT_RUN_FAILED}.get(run.status, EXIT_ERROR)
+    return {
+        RunStatus.COMPLETED: 0,
+        RunStatus.FAILED: EXIT_RUN_FAILED,
+        RunStatus.CANCELLED: EXIT_RUN_CANCELLED,
+    }.get(run.status, EXIT_ERROR)
 
 
 async def _run_live(
@@ -508,7 +520,8 @@ def run_command(
         ),
     ] = RunMode.EXECUTE,
 ) -> None:
-    """Run an agent autonomously against GOAL. Exit 0 if COMPLETED, 3 if FAILED."""
+    """Run an agent autonomously against GOAL. Exit 0 if COMPLETED, 3 if FAILED, 5 if
+    CANCELLED."""
     org = _org(ctx)
 
     async def work() -> int:
@@ -781,8 +794,9 @@ def runs_cancel(
     run_id: Annotated[str, typer.Argument(help="The run's id.")],
     reason: Annotated[str | None, typer.Option("--reason", help="Why (recorded).")] = None,
 ) -> None:
-    """Cancel a RUNNING run: it ends FAILED ("cancelled by operator"); its driver stops at
-    its next step. A run that already ended is shown as it is."""
+    """Cancel a RUNNING run (or one awaiting approval): it ends CANCELLED ("cancelled by
+    operator"); its driver stops at its next step. A run that already ended is shown as it
+    is."""
     org = _org(ctx)
 
     async def work() -> int:
@@ -792,7 +806,7 @@ def runs_cancel(
             before = await runtime.run_status(org, key, principal=operator)
             run = await runtime.cancel_run(org, key, principal=operator, reason=reason)
             agent = await runtime.get_agent(org, run.agent_id, principal=operator)
-        if before is not RunStatus.RUNNING:
+        if before.ended:
             _err.print(Text(f"run {run.id} already ended: {run.status.value}"))
         _print_run(run, agent.name)
         return 0

@@ -851,7 +851,8 @@ def _org_router() -> APIRouter:
             ),
         ] = 0,
     ) -> TaskSummary:
-        """A task run: status (RUNNING, COMPLETED, FAILED), its step log and its result."""
+        """A task run: status (RUNNING, AWAITING_APPROVAL, COMPLETED, FAILED, CANCELLED), its
+        step log and its result."""
         run = await state.runtime.get_run(org, task_id, principal=principal)
         if run.status is RunStatus.RUNNING and wait > 0:
             run = await _wait_terminal(state, org, principal, run, wait)
@@ -889,7 +890,7 @@ def _org_router() -> APIRouter:
         task_id: UUID,
         body: TaskCancel | None = None,
     ) -> TaskSummary:
-        """Cancel a RUNNING run (the person it acts for, or an admin): it ends FAILED with
+        """Cancel a RUNNING run (the person it acts for, or an admin): it ends CANCELLED with
         the reason "cancelled by <principal>"; its driver stops at its next step. A run that
         already ended is returned as it is, at once: cancelling twice changes nothing."""
         run = await state.runtime.cancel_run(

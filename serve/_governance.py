@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Path, Query
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from cortex_ray import CapabilityTier, RunMode
 from cortex_ray.governance import (
@@ -248,6 +248,10 @@ class ApprovalBody(_Out):
     decided_at: datetime | None
     note: str
     created_at: datetime
+    payloads: list[str] = Field(
+        description="the sha256 of the fields stored as payloads (over payload_inline_bytes); "
+        "shown here resolved"
+    )
 
     @classmethod
     def of(cls, a: Approval) -> ApprovalBody:
@@ -290,7 +294,25 @@ SecretName = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")]
 
 class ScheduleCreate(_Body):
     agent_id: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00]+$")
-    goal: str = Field(min_length=1, max_length=20_000, pattern=r"^[^\x00]+$")
+    goal: str = Field(
+        default="",
+        max_length=20_000,
+        pattern=r"^[^\x00]*$",
+        description="the runs' goal; a workflow schedule has none (its version's instructions)",
+    )
+    workflow: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}$",
+        description="each run is a run of this workflow (instead of a goal)",
+    )
+    version: int | None = Field(
+        default=None, ge=1, description="the workflow's pinned version (default: the latest)"
+    )
+    inputs: JsonObject | None = Field(
+        default=None,
+        description="a workflow schedule's inputs, checked against the version's schema now "
+        "and at every firing",
+    )
     name: str = Field(default="", max_length=200, pattern=r"^[^\x00]*$")
     cron: str | None = Field(default=None, max_length=200, pattern=r"^[^\x00]*$")
     interval_s: int | None = Field(default=None, ge=1, le=366 * 86400)
@@ -306,7 +328,19 @@ class ScheduleCreate(_Body):
         description="each run's wall-time cap from when it fires (null: none); past it the "
         "run ends FAILED at its next step",
     )
-    run_mode: RunMode = RunMode.EXECUTE
+    run_mode: RunMode | None = Field(
+        default=None,
+        description="default: execute, or a workflow version's default (only a safer one "
+        "may be asked of a workflow)",
+    )
+
+    @model_validator(mode="after")
+    def _goal_or_workflow(self) -> ScheduleCreate:
+        if (self.workflow is None) == (not self.goal.strip()):
+            raise ValueError("give a goal or a workflow (with its inputs), one of the two")
+        if self.workflow is None and (self.version is not None or self.inputs is not None):
+            raise ValueError("version and inputs go with a workflow")
+        return self
 
 
 class ScheduleBody(_Out):
@@ -314,19 +348,24 @@ class ScheduleBody(_Out):
     agent_id: UUID
     name: str
     goal: str
+    workflow: str | None
+    workflow_version: int | None
+    inputs: dict[str, Any] | None
     cron: str | None
     interval_s: int | None
     timezone: str
     next_run_at: datetime | None
     max_steps: int
     max_seconds: int | None
-    run_mode: RunMode
+    run_mode: RunMode | None
     status: str
     created_by: str
     created_at: datetime
     fired: int
     last_run_id: UUID | None
     last_fired_at: datetime | None
+    last_error: str | None
+    last_error_at: datetime | None
 
 
 class ScheduleList(_Out):
@@ -576,7 +615,9 @@ def governance_router() -> APIRouter:
         state: StateDep, org: OrgPath, principal: MemberDep, body: ScheduleCreate
     ) -> ScheduleBody:
         """A recurring (``cron`` in ``timezone``, or every ``intervalS``) or one-off
-        (``runAt``) autonomous task; fired once per due time by the API's scheduler."""
+        (``runAt``) autonomous task, of a ``goal`` or of a ``workflow`` (its ``version``, or
+        the latest, with ``inputs``: checked now and at every firing); fired once per due
+        time by the API's scheduler."""
         made = await state.runtime.governance.create_schedule(
             org,
             body.agent_id,
@@ -589,6 +630,9 @@ def governance_router() -> APIRouter:
             max_seconds=body.max_seconds,
             run_mode=body.run_mode,
             name=body.name,
+            workflow=body.workflow,
+            workflow_version=body.version,
+            inputs=body.inputs,
             max_steps_limit=state.runtime.settings.max_steps_limit,
             principal=principal,
         )

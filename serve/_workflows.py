@@ -26,6 +26,8 @@ from serve._schemas import ApiError, JsonObject, _Body, _Out
 __all__ = ["workflows_router"]
 
 WorkflowName = Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}$")]
+LEDGER_PAGE_DEFAULT = 200
+LEDGER_PAGE_MAX = 1000
 ToolName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[^\x00]+$")]
 _ADMIN: dict[int | str, dict[str, Any]] = {403: {"model": ApiError, "description": "not an admin"}}
 
@@ -199,7 +201,11 @@ class LedgerBody(_Out):
     label: LabelOut | None
     events: list[LedgerEventBody]
     payloads: dict[str, Any] = Field(
-        description="with `payloads=true`: each referenced payload once, by sha256"
+        description="with `payloads=true`: each payload this page's events reference, once, "
+        "by sha256"
+    )
+    next_after: str | None = Field(
+        description="the cursor of the next page (`after=`); null: this page is the last"
     )
 
     @classmethod
@@ -367,12 +373,30 @@ def workflows_router() -> APIRouter:
         workflow: WorkflowName,
         run_id: UUID,
         payloads: bool = False,
+        limit: Annotated[
+            int, Query(ge=1, le=LEDGER_PAGE_MAX, description="events in this page, at most")
+        ] = LEDGER_PAGE_DEFAULT,
+        after: Annotated[
+            str | None,
+            Query(
+                max_length=60,
+                description="the cursor of the page to read: the previous page's `nextAfter`",
+            ),
+        ] = None,
     ) -> LedgerBody:
         """The run's ledger: version, principal, mode, inputs, evidence, and one ordered
-        timeline of proposals, gate decisions, approvals, the end and the label. Large
-        arguments and results are referenced by sha256 (``payloads=true``: each once)."""
+        timeline of proposals, gate decisions, approvals, the end and the label, a page of
+        events at a time (``limit``, then ``after=nextAfter`` until ``nextAfter`` is null).
+        Large arguments and results are referenced by sha256 (``payloads=true``: each one
+        the page references, once)."""
         ledger = await state.runtime.workflows.ledger(
-            org, run_id, workflow=workflow, payloads=payloads, principal=principal
+            org,
+            run_id,
+            workflow=workflow,
+            payloads=payloads,
+            limit=limit,
+            after=after,
+            principal=principal,
         )
         return LedgerBody.of(ledger)
 

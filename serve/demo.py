@@ -12,12 +12,12 @@ remember_fact), submits a task over HTTP, follows it to its
 terminal state, prints the step log, and prints the commands that do the same or look at
 this task again (with its id).
 
-Exit codes: 0 the task COMPLETED; 3 it ended FAILED (as ``cortex-ray run``); 1 it reached no
-terminal state, or the stack did not start; 130 or 143 interrupted by SIGINT or SIGTERM before
-the task ended. With ``--keep-running`` it then serves until SIGINT or SIGTERM (also SIGINT
-ignored at start, as in a background job) and exits with the task's code once the apps are
-deleted, the embedded PostgreSQL is stopped and its Ray is shut down; a second signal exits at
-once. See docs/operations.md, "Stopping".
+Exit codes: 0 the task COMPLETED; 3 it ended FAILED, 5 CANCELLED (as ``cortex-ray run``); 1
+it reached no terminal state, or the stack did not start; 130 or 143 interrupted by SIGINT or
+SIGTERM before the task ended. With ``--keep-running`` it then serves until SIGINT or SIGTERM
+(also SIGINT ignored at start, as in a background job) and exits with the task's code once the
+apps are deleted, the embedded PostgreSQL is stopped and its Ray is shut down; a second signal
+exits at once. See docs/operations.md, "Stopping".
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ TOOLS = ("current_time", "remember_fact")
 EXIT_COMPLETED = 0
 EXIT_ERROR = 1
 EXIT_FAILED = 3
+EXIT_CANCELLED = 5
 
 
 def _say(text: str) -> None:
@@ -216,8 +217,9 @@ def _follow_task(
 
 
 def _exit_code(run: dict[str, Any]) -> int:
-    """0 COMPLETED, 3 FAILED (the agent did not meet its goal), 1 no terminal state."""
-    return {"COMPLETED": EXIT_COMPLETED, "FAILED": EXIT_FAILED}.get(
+    """0 COMPLETED, 3 FAILED (the agent did not meet its goal), 5 CANCELLED (a person stopped
+    it), 1 no terminal state."""
+    return {"COMPLETED": EXIT_COMPLETED, "FAILED": EXIT_FAILED, "CANCELLED": EXIT_CANCELLED}.get(
         str(run.get("status")), EXIT_ERROR
     )
 

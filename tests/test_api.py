@@ -869,7 +869,11 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
             {"json": {"agentId": estate.worker["id"]}},
         ),
         "list_workflow_runs": ("GET", f"{base}/workflows/victim-flow/runs", {}),
-        "workflow_run_ledger": ("GET", f"{base}/workflows/victim-flow/runs/{{task_id}}", {}),
+        "workflow_run_ledger": (
+            "GET",
+            f"{base}/workflows/victim-flow/runs/{{task_id}}",
+            {"params": {"limit": 10}},
+        ),
         "workflow_acceptance": ("GET", f"{base}/shadow/acceptance/workflows", {}),
         "get_payload": ("GET", f"{base}/payloads/{'0' * 64}", {}),
         # the context graph (tests/test_graph_search.py has its own route tests)

@@ -298,14 +298,14 @@ async def test_cancelling_a_run_awaiting_approval_cancels_its_request(
     [request] = await runtime.governance.list_approvals(org)
     bob = Principal(id="bob", org_id=org, is_admin=True)
     cancelled = await runtime.cancel_run(org, run.id, principal=bob, reason="not needed")
-    assert cancelled.status is RunStatus.FAILED
+    assert cancelled.status is RunStatus.CANCELLED
     assert cancelled.reason == "cancelled by bob: not needed"
     gone = await runtime.governance.get_approval(org, request.id)
     assert gone.status is ApprovalStatus.CANCELLED and "not needed" in gone.note
     # Nobody can decide it any more, and the run stays ended: the write never runs.
     with pytest.raises(ConflictError, match="already CANCELLED"):
         await runtime.governance.decide_approval(org, request.id, approve=True)
-    assert (await runtime.drive_run(org, run.id)).status is RunStatus.FAILED
+    assert (await runtime.drive_run(org, run.id)).status is RunStatus.CANCELLED
     assert ran == [("crm_lookup", {"name": "ann"})]
     again = await runtime.cancel_run(org, run.id, principal=bob)
     assert again.reason == "cancelled by bob: not needed"  # nothing changed

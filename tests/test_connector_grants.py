@@ -265,6 +265,22 @@ def test_constraints_outside_the_subset_are_refused() -> None:
         check_constraints({"to": {"type": "nonsense"}})
 
 
+async def test_a_catastrophic_constraint_pattern_denies_instead_of_hanging(
+    gate, store, gov, org
+) -> None:
+    with pytest.raises(InvalidRequestError, match="a pattern is at most 1000 characters"):
+        check_constraints({"name": {"pattern": "a" * 1001}})
+    agent = agent_for(org)
+    await install(store, gov, org)
+    made = await grant(gov, org, "*", constraints={"name": {"pattern": "^(a|aa)+$"}})
+    assert (await call(gate, agent, "crm_lookup", {"name": "aaaa"})).status is ObservationStatus.OK
+    obs = await call(gate, agent, "crm_lookup", {"name": "a" * 40 + "!"})
+    assert obs.status is ObservationStatus.REFUSED  # fail closed, at once
+    assert f"could not be checked against grant {made.id}" in obs.summary
+    assert "did not finish within 0.25 s" in obs.summary
+    assert ran == [("crm_lookup", {"name": "aaaa"})]
+
+
 async def test_the_grant_cache_is_dropped_when_grants_change_here(store, gov, org) -> None:
     """With ``grant_cache_s`` a process reuses what it read; a change made through it (the
     use cases call ``invalidate``) counts at once. Expiry is still judged at each call."""

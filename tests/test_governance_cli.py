@@ -4,6 +4,7 @@ point group (a real distribution on the subprocess's path)."""
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Iterator
@@ -353,3 +354,40 @@ async def test_workflow_ledger_and_acceptance_from_the_command_line(
     assert re.search(r"labelled\s+accepted", ledger.stdout), ledger.stdout
     acceptance = cortex(env, "--org", org, "workflow", "acceptance")
     assert re.search(r"triage\s+v1\s+1\s+1\s+1\s+1\s+100%", acceptance.stdout), acceptance.stdout
+    # A page at a time: the cursor printed at the end reads the next page.
+    first = cortex(env, "--org", org, "workflow", "ledger", str(run.id), "--limit", "3")
+    assert first.returncode == 0, first.stderr
+    found = re.search(r"more events: --after (\S+)", first.stderr)
+    assert found, first.stderr
+    assert "labelled" not in first.stdout and re.search(r"\b2\s+call", first.stdout) is None
+    rest = cortex(
+        env, "--org", org, "workflow", "ledger", str(run.id), "--after", found.group(1), "--json"
+    )
+    page = json.loads(rest.stdout)
+    assert page["events"][0]["seq"] == 3 and page["events"][-1]["kind"] == "labelled"
+    assert page["next_after"] is None
+    assert_one_line_error(
+        cortex(env, "--org", org, "workflow", "ledger", str(run.id), "--after", "nope"),
+        2,
+        "not a ledger cursor",
+    )
+    # A schedule of the workflow: its inputs checked when it is made.
+    assert_one_line_error(
+        cortex(env, "--org", org, "schedules", "create", "clerk", "--workflow", "triage",
+               "--inputs", '{"plan": 5}', "--every", "3600"),
+        2,
+        "inputs: ",
+    )  # fmt: skip
+    assert_one_line_error(
+        cortex(env, "--org", org, "schedules", "create", "clerk", "a goal", "--workflow",
+               "triage", "--inputs", "{}", "--every", "3600"),
+        2,
+        "GOAL or --workflow",
+    )  # fmt: skip
+    made_schedule = cortex(
+        env, "--org", org, "schedules", "create", "clerk", "--workflow", "triage",
+        "--inputs", json.dumps(inputs("update")), "--every", "3600", "--mode", "dry_run",
+    )  # fmt: skip
+    assert made_schedule.returncode == 0, made_schedule.stderr
+    listed = cortex(env, "--org", org, "schedules", "list").stdout
+    assert "workflow triage (latest)" in listed, listed

@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -29,12 +29,15 @@ from cortex_ray import (
     InProcessExecutor,
     MemoryRecord,
     Principal,
+    RunMode,
     RunStatus,
     Runtime,
     Settings,
 )
+from cortex_ray.evals import cassette_from_run
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient
+from cortex_ray.observability import metrics
 from cortex_ray.storage import Database
 
 EVERYTHING = Grant(tools=frozenset({"*"}))
@@ -200,7 +203,7 @@ async def test_cancelling_a_run_ends_it_and_cancelling_again_changes_nothing(
     first = await w.http.post(url, headers=w.keys["ada"], json={"reason": "wrong goal"})
     assert first.status_code == 200, first.text
     body = first.json()
-    assert body["status"] == "FAILED" and body["reason"] == "cancelled by ada: wrong goal"
+    assert body["status"] == "CANCELLED" and body["reason"] == "cancelled by ada: wrong goal"
     assert body["finishedAt"] is not None
     assert await intents(db, w.org, run.id) == 0  # removed with the status, one transaction
     rows = await w.runtime.store.audit_rows(w.org, run_id=run.id)
@@ -236,14 +239,65 @@ async def test_a_cancelled_run_stops_its_driver_at_the_next_step(world: World) -
     driving = asyncio.create_task(w.runtime.drive_run(w.org, run.id))
     await asyncio.wait_for(w.gate.holding.wait(), 30)  # step 1 committed, step 2 deciding
     cancelled = await w.runtime.cancel_run(w.org, run.id, principal=w.admin)
-    assert cancelled.status is RunStatus.FAILED and cancelled.reason == "cancelled by root"
+    assert cancelled.status is RunStatus.CANCELLED and cancelled.reason == "cancelled by root"
     steps_at_cancel = len(cancelled.steps)
     assert steps_at_cancel == 1
     w.gate.release.set()
     await asyncio.wait_for(driving, 30)
     final = await w.runtime.get_run(w.org, run.id)
-    assert final.status is RunStatus.FAILED and final.reason == "cancelled by root"
+    assert final.status is RunStatus.CANCELLED and final.reason == "cancelled by root"
     assert len(final.steps) == steps_at_cancel  # no step committed after the cancel
+
+
+class Recorded:
+    """A metrics sink that keeps what it was handed."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, str]]] = []
+
+    def record(self, spec: metrics.MetricSpec, value: float, labels: Mapping[str, str]) -> None:
+        self.seen.append((spec.name, dict(labels)))
+
+
+async def test_a_cancelled_run_is_terminal_everywhere(world: World, db: Database) -> None:
+    """CANCELLED is an end like COMPLETED and FAILED: counted once as its outcome, never
+    resumed, leased, swept as an orphan or shown stalled; a shadow run cancelled can be
+    labelled; a case can be recorded from it."""
+    w = world
+    w.gate.hold_at = 2
+    worker = await w.runtime.create_agent(
+        w.org, "stopped", mode=AgentMode.AUTONOMOUS, tools=["current_time"]
+    )
+    run = await w.runtime.start_run(
+        w.org, worker.id, "keep reading", max_steps=6, run_mode=RunMode.SHADOW, caller_id="ada"
+    )
+    sink = Recorded()
+    metrics.install_metrics(sink)
+    try:
+        driving = asyncio.create_task(w.runtime.drive_run(w.org, run.id))
+        await asyncio.wait_for(w.gate.holding.wait(), 30)
+        await w.runtime.cancel_run(w.org, run.id, principal=w.ada)
+        w.gate.release.set()
+        assert (await asyncio.wait_for(driving, 30)).status is RunStatus.CANCELLED
+    finally:
+        metrics.uninstall_metrics(sink)
+    outcomes = [labels["outcome"] for name, labels in sink.seen if name == "cortex_runs_finished"]
+    assert outcomes == ["CANCELLED"]  # counted by the cancel; the driver that lost it: not
+
+    assert (await w.runtime.resume_run(w.org, run.id)).status is RunStatus.CANCELLED
+    assert run.id not in {r.id for r in await w.runtime.store.running_runs(w.org)}
+    lease = await w.runtime.cycle.leases.acquire(w.org, run.id, "someone", w.runtime.settings.runs)
+    assert lease is None  # nobody can take it to drive it
+    diagnosis = await w.runtime.run_diagnostics(w.org, run.id)
+    assert diagnosis.status == "CANCELLED" and not diagnosis.stalled
+    labelled = await w.http.post(
+        f"{w.base}/tasks/{run.id}/label", headers=w.keys["ada"], json={"label": "rejected"}
+    )
+    assert labelled.status_code in (200, 201), labelled.text
+    task = (await w.http.get(f"{w.base}/tasks/{run.id}", headers=w.keys["ada"])).json()
+    assert task["status"] == "CANCELLED" and task["reason"] == "cancelled by ada"
+    full = await w.runtime.store.get_run(w.org, run.id, recordings=True)
+    assert cassette_from_run(full).status is RunStatus.CANCELLED
 
 
 # --- the seed's names ---------------------------------------------------------------------
@@ -324,12 +378,15 @@ async def test_the_command_line_cancels_runs_revokes_twice_and_warns(
 
     first = await asyncio.to_thread(cancel)
     assert first.returncode == 0, first.stderr
-    assert "status: FAILED" in first.stdout
+    assert "status: CANCELLED" in first.stdout
     assert "cancelled by operator: not needed" in first.stdout
     again = await asyncio.to_thread(cancel)
     assert again.returncode == 0, again.stderr
-    assert f"run {run.id} already ended: FAILED" in again.stderr
+    assert f"run {run.id} already ended: CANCELLED" in again.stderr
     assert "cancelled by operator: not needed" in again.stdout
+    resumed = await asyncio.to_thread(cli, db, w.org, "runs", "resume", str(run.id))
+    assert resumed.returncode == 5, resumed.stderr  # CANCELLED's own exit code, not resumed
+    assert f"run {run.id} already ended: CANCELLED" in resumed.stderr
 
     made = await asyncio.to_thread(cli, db, w.org, "api-keys", "create", "dana")
     assert made.returncode == 0, made.stderr

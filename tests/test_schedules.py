@@ -22,7 +22,7 @@ from cortex_ray import (
     Runtime,
     Settings,
 )
-from cortex_ray.governance import ScheduleStatus
+from cortex_ray.governance import ScheduleStatus, WorkflowVersionSpec
 from cortex_ray.governance._schedules import next_due, run_id_for
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import HashEmbedder
@@ -294,3 +294,156 @@ async def test_a_scheduled_run_past_its_time_cap_ends_failed(runtime: Runtime, o
     [(_, free)] = [r for r in await runtime.governance.fire_due_schedules() if r[0] == org]
     assert free == run_id_for(uncapped.id, uncapped.next_run_at or datetime.now(UTC))
     assert (await runtime.get_run(org, free)).deadline_at is None
+
+
+# --- workflow schedules -------------------------------------------------------------------
+
+TRIAGE_SCHEMA = {
+    "type": "object",
+    "properties": {"customer": {"type": "string"}},
+    "required": ["customer"],
+}
+
+
+def triage(**kw: object) -> WorkflowVersionSpec:
+    base: dict[str, object] = {
+        "instructions": "Read the clock for the customer.",
+        "input_schema": TRIAGE_SCHEMA,
+        "tools": ("current_time",),
+    }
+    return WorkflowVersionSpec.model_validate({**base, **kw})
+
+
+async def test_a_workflow_schedule_starts_runs_of_its_version_checked_at_every_firing(
+    runtime: Runtime, org: str
+) -> None:
+    from cortex_ray import NotFoundError, RunStatus
+
+    name = await agent(runtime, org)
+    g, w = runtime.governance, runtime.workflows
+    await w.create(org, "triage")
+    v1, _ = await w.publish(org, "triage", triage())
+    # Refused when made: what every firing would refuse.
+    for kwargs, error, why in [
+        ({"inputs": {"customer": 7}}, InvalidRequestError, "inputs: customer: 7 is not of type"),
+        ({"inputs": {}}, InvalidRequestError, "'customer' is a required property"),
+        ({"inputs": {"customer": "ann"}, "workflow_version": 9}, NotFoundError, "no version 9"),
+        ({"inputs": {"customer": "ann"}, "goal": "also this"}, InvalidRequestError, "not both"),
+    ]:
+        with pytest.raises(error, match=why):
+            await g.create_schedule(
+                org,
+                name,
+                workflow="triage",
+                interval_s=3600,
+                **kwargs,  # type: ignore[arg-type]
+            )
+    with pytest.raises(NotFoundError, match="no published version"):
+        await g.create_schedule(org, name, workflow="ghost", inputs={}, interval_s=3600)
+    with pytest.raises(InvalidRequestError, match="inputs go with a workflow"):
+        await g.create_schedule(org, name, "g", inputs={"a": 1}, interval_s=3600)
+
+    latest = await g.create_schedule(
+        org, name, workflow="triage", inputs={"customer": "ann"}, interval_s=3600
+    )
+    pinned = await g.create_schedule(
+        org, name, workflow="triage", workflow_version=1, inputs={"customer": "bo"},
+        interval_s=3600, run_mode=RunMode.DRY_RUN,
+    )  # fmt: skip
+    assert latest.goal == "" and latest.run_mode is None and pinned.workflow_version == 1
+    fired = dict((r, o) for o, r in await g.fire_due_schedules() if o == org)
+    runs = {run.id: run for run in [await runtime.get_run(org, r) for r in fired]}
+    assert len(runs) == 2
+    for run in runs.values():
+        assert run.status is RunStatus.RUNNING and run.workflow_version_id == v1.id
+        assert run.goal == "Read the clock for the customer."
+        assert run.requested_by in (f"schedule:{latest.id}", f"schedule:{pinned.id}")
+    by_schedule = {r.requested_by: r for r in runs.values()}
+    assert by_schedule[f"schedule:{latest.id}"].workflow_inputs == {"customer": "ann"}
+    assert by_schedule[f"schedule:{latest.id}"].run_mode is RunMode.EXECUTE  # v1's default
+    assert by_schedule[f"schedule:{pinned.id}"].run_mode is RunMode.DRY_RUN
+
+    # v2 needs a priority: the schedule on the latest version cannot bypass it; its
+    # firing records a FAILED run and the finding, and the loop and the schedule go on.
+    v2_schema = {**TRIAGE_SCHEMA, "required": ["customer", "priority"]}
+    v2, _ = await w.publish(org, "triage", triage(input_schema=v2_schema))
+    async with runtime.db.transaction() as conn:
+        await conn.execute(
+            "UPDATE schedules SET next_run_at = now() - interval '1 second' WHERE org_id = %s",
+            (org,),
+        )
+    made = [r for o, r in await g.fire_due_schedules() if o == org]
+    assert len(made) == 1  # only the pinned one's run is handed to an executor
+    assert (await runtime.get_run(org, made[0])).workflow_version_id == v1.id
+    schedules = {s.id: s for s in await g.list_schedules(org)}
+    broken = schedules[latest.id]
+    assert broken.status == ScheduleStatus.ACTIVE and broken.fired == 2
+    assert broken.last_error is not None and "triage v2" in broken.last_error
+    assert "'priority' is a required property" in broken.last_error
+    assert schedules[pinned.id].last_error is None
+    failed = await runtime.get_run(org, broken.last_run_id)  # type: ignore[arg-type]
+    assert failed.status is RunStatus.FAILED and failed.finished_at is not None
+    assert failed.workflow_version_id == v2.id and failed.reason == broken.last_error
+    assert (await runtime.drive_run(org, failed.id)).status is RunStatus.FAILED  # not driven
+    ledger = await w.ledger(org, failed.id, workflow="triage")
+    assert ledger.status == "FAILED" and [e.kind for e in ledger.events] == [
+        "started",
+        "finished",
+    ]
+
+    # v3 runs shadow by default: the schedule's execute (v1's default then) is refused too.
+    await w.publish(org, "triage", triage(default_mode=RunMode.SHADOW))
+    with pytest.raises(InvalidRequestError, match="only choose a safer mode"):
+        await g.create_schedule(
+            org, name, workflow="triage", inputs={"customer": "ann"}, interval_s=60,
+            run_mode=RunMode.EXECUTE,
+        )  # fmt: skip
+    async with runtime.db.transaction() as conn:
+        await conn.execute(
+            "UPDATE schedules SET next_run_at = now() - interval '1 second' WHERE id = %s",
+            (latest.id,),
+        )
+    assert [r for o, r in await g.fire_due_schedules() if o == org] != []  # v3: valid again
+    [again] = [s for s in await g.list_schedules(org) if s.id == latest.id]
+    assert again.last_error is None  # cleared by a firing that started its run
+    assert (await runtime.get_run(org, again.last_run_id)).run_mode is RunMode.SHADOW  # type: ignore[arg-type]
+
+
+async def test_workflow_schedules_over_http(runtime: Runtime, org: str) -> None:
+    import httpx2
+
+    from cortex_ray import InProcessExecutor
+    from serve import create_app
+
+    name = await agent(runtime, org)
+    await runtime.workflows.create(org, "triage")
+    await runtime.workflows.publish(org, "triage", triage())
+    key = await runtime.create_api_key(org, "bob", admin=False, grant=["*"])
+    bob = {"Authorization": f"Bearer {key.key}"}
+    executor = InProcessExecutor(runtime)
+    base = f"/api/orgs/{org}/schedules"
+    try:
+        transport = httpx2.ASGITransport(app=create_app(runtime, executor))
+        async with httpx2.AsyncClient(transport=transport, base_url="http://api") as http:
+            body = {"agentId": name, "workflow": "triage", "inputs": {"customer": "ann"},
+                    "intervalS": 3600}  # fmt: skip
+            for bad, status, why in [
+                ({**body, "inputs": {"customer": 7}}, 422, "inputs: customer: 7 is not of type"),
+                ({**body, "goal": "and this"}, 422, "a goal or a workflow"),
+                ({"agentId": name, "intervalS": 60}, 422, "a goal or a workflow"),
+                ({**body, "workflow": "ghost"}, 404, "ghost"),
+                ({**body, "version": 4}, 404, "no version 4"),
+                ({**body, "workflow": "Bad Name"}, 422, "workflow"),
+            ]:
+                r = await http.post(base, headers=bob, json=bad)
+                assert r.status_code == status and why in r.text, (bad, r.text)
+            r = await http.post(base, headers=bob, json=body)
+            assert r.status_code == 201, r.text
+            made = r.json()
+            assert made["workflow"] == "triage" and made["workflowVersion"] is None
+            assert made["inputs"] == {"customer": "ann"} and made["goal"] == ""
+            assert made["runMode"] is None and made["lastError"] is None
+            [listed] = (await http.get(base, headers=bob)).json()["schedules"]
+            assert listed["id"] == made["id"] and listed["workflow"] == "triage"
+    finally:
+        await executor.aclose()

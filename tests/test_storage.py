@@ -134,3 +134,65 @@ async def test_api_keys_are_hashed_resolve_to_their_principal_and_can_be_revoked
         await store.revoke_api_key(org, uuid.uuid4())
     with pytest.raises(NotFoundError):  # another organisation's key does not exist there
         await store.revoke_api_key(f"{org}-other", key_id)
+
+
+async def test_migration_0021_goes_both_ways_keeping_what_the_older_schema_holds(
+    scratch_database,
+) -> None:
+    """Down: a CANCELLED run becomes FAILED (its reason still says who cancelled it), an
+    approval's referenced fields come back inline, a workflow schedule (which the older
+    schema cannot express) is removed; up again: the constraints hold."""
+    import asyncio
+    import json
+
+    from cortex_ray.storage._database import _alembic
+
+    agent, run, approval = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    sha = "a" * 64
+    async with scratch_database("m0021") as dsn:
+        await asyncio.to_thread(_alembic, dsn, "upgrade", "head")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO organisations (id) VALUES ('acme')")
+            conn.execute(
+                "INSERT INTO agents (org_id, id, name, mode) "
+                "VALUES ('acme', %s, 'a', 'AUTONOMOUS')",
+                (agent,),
+            )
+            conn.execute(
+                "INSERT INTO task_runs (org_id, id, agent_id, goal, status, max_steps, reason) "
+                "VALUES ('acme', %s, %s, 'g', 'CANCELLED', 3, 'cancelled by ada')",
+                (run, agent),
+            )
+            conn.execute(
+                "INSERT INTO payloads (org_id, sha256, body, bytes) VALUES ('acme', %s, %s, 9)",
+                (sha, json.dumps({"note": "big"})),
+            )
+            conn.execute(
+                "INSERT INTO approvals (org_id, id, run_id, step_index, tool, args, tier, "
+                "requested_by, expires_at, args_ref) VALUES ('acme', %s, %s, 0, 't', %s, "
+                "'write', 'ada', now(), %s)",
+                (approval, run, json.dumps({"$payload": sha, "bytes": 9}), sha),
+            )
+            conn.execute(
+                "INSERT INTO schedules (org_id, id, agent_id, goal, max_steps, created_by, "
+                "workflow, inputs, run_mode) VALUES ('acme', %s, %s, '', 3, 'ada', 'triage', "
+                "'{}', NULL)",
+                (uuid.uuid4(), agent),
+            )
+            with pytest.raises(psycopg.errors.CheckViolation):  # a goal or a workflow
+                conn.execute(
+                    "INSERT INTO schedules (org_id, id, agent_id, goal, max_steps, created_by) "
+                    "VALUES ('acme', %s, %s, '', 3, 'ada')",
+                    (uuid.uuid4(), agent),
+                )
+        await asyncio.to_thread(_alembic, dsn, "downgrade", "0020")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT status, reason FROM task_runs").fetchone()
+            assert row == ("FAILED", "cancelled by ada")
+            assert conn.execute("SELECT args FROM approvals").fetchone() == ({"note": "big"},)
+            assert conn.execute("SELECT count(*) FROM schedules").fetchone() == (0,)
+        await asyncio.to_thread(_alembic, dsn, "upgrade", "head")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("UPDATE task_runs SET status = 'CANCELLED'")
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute("UPDATE task_runs SET status = 'PAUSED'")

@@ -65,6 +65,11 @@ PLANS: dict[str, list[dict[str, Any]]] = {
         FINISH,
     ],
     "big": [*(_call("big_report", {"page": i}) for i in range(4)), FINISH],
+    "bigwipe": [
+        _call("big_report", {"page": 0, "note": "x" * 3000}),
+        _call("wipe", {"note": "y" * 3000}),
+        FINISH,
+    ],
 }
 
 
@@ -410,6 +415,128 @@ async def test_a_large_result_is_stored_once_across_events(runtime: Runtime, org
     assert row is not None and row["bytes"] > 2048
 
 
+async def test_the_ledger_is_read_a_page_at_a_time(runtime: Runtime, org: str) -> None:
+    await setup(runtime, org)
+    await runtime.workflows.create(org, "report")
+    await runtime.workflows.publish(org, "report", spec(tools=("big_report",)))
+    run = await run_to_end(runtime, org, "report", inputs("big"))
+    assert run.status is RunStatus.COMPLETED, run.reason
+    whole = await runtime.workflows.ledger(org, run.id)
+    assert len(whole.events) == 11 and whole.next_after is None  # 5 decided, 4 calls
+    pages, after = [], None
+    while True:
+        page = await runtime.workflows.ledger(org, run.id, limit=4, after=after, payloads=True)
+        pages.append(page)
+        if page.next_after is None:
+            break
+        after = page.next_after
+    assert [len(p.events) for p in pages] == [4, 4, 3]
+    assert [e for p in pages for e in p.events] == list(whole.events)  # same seq, same order
+    for p in pages:  # each page carries the payloads its own events reference, and no other
+        assert set(p.payloads) == {ref for e in p.events for ref in e.payloads}
+    assert all(len(p.payloads) == 1 for p in pages)  # one stored result, in every page
+    assert pages[0].payloads == whole.payloads or not whole.payloads
+    with pytest.raises(InvalidRequestError, match="not a ledger cursor"):
+        await runtime.workflows.ledger(org, run.id, after="3; DROP TABLE")
+    with pytest.raises(InvalidRequestError, match="limit"):
+        await runtime.workflows.ledger(org, run.id, limit=0)
+    last = await runtime.workflows.ledger(org, run.id, after="9.0.0.0")
+    assert last.events == () and last.next_after is None  # past the end: an empty last page
+
+
+async def test_an_approval_keeps_large_fields_as_payloads(runtime: Runtime, org: str) -> None:
+    """An approval request's arguments, decision and evidence over the threshold are
+    payloads referenced from the row: read back whole by people who may see the request,
+    listed by its ledger event, and no ledger event carries a copy."""
+    await setup(runtime, org)
+    await runtime.store.put_principal(Principal(id="root", org_id=org, is_admin=True))
+    await runtime.workflows.create(org, "purge")
+    await runtime.workflows.publish(
+        org, "purge", spec(tools=("big_report", "wipe"), approval_tools=("wipe",))
+    )
+    run = await run_to_end(runtime, org, "purge", inputs("bigwipe"))
+    assert run.status is RunStatus.AWAITING_APPROVAL, run.reason
+    async with runtime.db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT args, decision, evidence, args_ref, decision_ref, evidence_ref "
+            "FROM approvals WHERE org_id = %s AND run_id = %s",
+            (org, run.id),
+        )
+        [row] = await cur.fetchall()
+    refs = (row["args_ref"], row["decision_ref"], row["evidence_ref"])
+    assert all(refs) and len(set(refs)) == 3
+    for field, ref in zip(("args", "decision", "evidence"), refs, strict=True):
+        assert row[field]["$payload"] == ref and row[field]["bytes"] > 2048  # no copy kept
+    bob = Principal(id="bob", org_id=org)  # a member: reads requests, whole
+    [request] = await runtime.governance.list_approvals(org, principal=bob)
+    assert request.args == {"note": "y" * 3000} and request.payloads == refs
+    assert request.evidence[0]["tool"] == "big_report"
+    assert request.evidence[0]["args"] == {"page": 0, "note": "x" * 3000}
+    assert request.decision["action"]["args"] == {"note": "y" * 3000}
+    assert (await runtime.governance.get_approval(org, request.id, principal=bob)) == request
+    for ref in refs:
+        assert await runtime.workflows.payload(org, ref, principal=bob) is not None
+    # Approved, the run replays the decision read back whole and carries the call out.
+    await runtime.governance.decide_approval(
+        org, request.id, approve=True, principal=Principal(id="root", org_id=org, is_admin=True)
+    )
+    final = await runtime.drive_run(org, run.id)
+    assert final.status is RunStatus.COMPLETED, final.reason
+    assert ("wipe", {"note": "y" * 3000}) in ran
+    ledger = await runtime.workflows.ledger(org, run.id, payloads=True)
+    [asked] = [e for e in ledger.events if e.kind == "approval_requested"]
+    assert asked.payloads == refs and set(refs) <= set(ledger.payloads)
+    assert ledger.payloads[row["args_ref"]] == {"note": "y" * 3000}
+    for event in ledger.events:
+        assert len(json.dumps(event.model_dump(mode="json"))) < 2048, event.kind
+
+
+CATASTROPHIC = "^(a|aa)+$"
+"""Exponential backtracking on "aaa…a!", with Python's re and with the regex engine alike
+(the ways to split 40 a's into a's and aa's: ~1.6e8). The classic ``^(a+)+$`` is not one for
+regex, which recognises it."""
+
+
+async def test_a_catastrophic_input_pattern_is_bounded(runtime: Runtime, org: str) -> None:
+    await setup(runtime, org)
+    await runtime.workflows.create(org, "slow")
+    too_long = {"type": "object", "properties": {"a": {"type": "string", "pattern": "a" * 1001}}}
+    with pytest.raises(InvalidRequestError, match="a pattern is at most 1000 characters"):
+        await runtime.workflows.publish(org, "slow", spec(input_schema=too_long))
+    broken = {"type": "object", "patternProperties": {"(": {"type": "string"}}}
+    with pytest.raises(InvalidRequestError, match="is not a 'regex'"):
+        await runtime.workflows.publish(org, "slow", spec(input_schema=broken))
+    schema = {
+        "type": "object",
+        "properties": {"plan": {"type": "string"}, "code": {"type": "string",
+                                                            "pattern": CATASTROPHIC}},
+        "required": ["plan", "code"],
+    }  # fmt: skip
+    await runtime.workflows.publish(org, "slow", spec(input_schema=schema))  # short: published
+    ok = await runtime.workflows.start_run(org, "slow", "clerk", {"plan": "lookup", "code": "aaa"})
+    assert ok.workflow_inputs == {"plan": "lookup", "code": "aaa"}
+    with pytest.raises(InvalidRequestError, match="does not match"):
+        await runtime.workflows.start_run(org, "slow", "clerk", {"plan": "lookup", "code": "b"})
+    evil = {"plan": "lookup", "code": "a" * 40 + "!"}
+    with pytest.raises(InvalidRequestError, match=r"did not finish within 0\.25 s"):
+        await runtime.workflows.start_run(org, "slow", "clerk", evil)
+    # A schedule firing it is a recorded refusal too, never a hung scheduler.
+    schedule = await runtime.governance.create_schedule(
+        org, "clerk", workflow="slow", inputs={"plan": "lookup", "code": "aa"}, interval_s=60
+    )
+    async with runtime.db.transaction() as conn:
+        await conn.execute(
+            "UPDATE schedules SET inputs = %s, next_run_at = now() WHERE id = %s",
+            (json.dumps(evil), schedule.id),
+        )
+    assert [r for o, r in await runtime.governance.fire_due_schedules() if o == org] == []
+    [fired] = await runtime.governance.list_schedules(org)
+    assert fired.last_error is not None and "did not finish within" in fired.last_error
+    # Inputs over the size cap are refused before any pattern sees them.
+    with pytest.raises(InvalidRequestError, match="inputs: at most 65536 bytes"):
+        await runtime.workflows.start_run(org, "slow", "clerk", {"plan": "x" * 70_000})
+
+
 async def test_acceptance_per_workflow(runtime: Runtime, org: str) -> None:
     await setup(runtime, org)
     alice = Principal(id="alice", org_id=org)
@@ -508,6 +635,18 @@ async def test_workflows_over_http(runtime: Runtime, org: str) -> None:
             assert ledger["status"] == "COMPLETED" and ledger["version"] == 1
             assert [e["kind"] for e in ledger["events"]][-2:] == ["finished", "evidence"]
             assert ledger["evidence"]["satisfied"] is True
+            assert ledger["nextAfter"] is None
+            # A page at a time: the cursor of each page reads the next.
+            url, paged, after = f"{base}/triage/runs/{run_id}", [], None
+            while True:
+                params: dict[str, Any] = {"limit": 2} | ({"after": after} if after else {})
+                page = (await http.get(url, headers=hm, params=params)).json()
+                paged.extend(page["events"])
+                if (after := page["nextAfter"]) is None:
+                    break
+            assert paged == ledger["events"] and len(paged) > 2
+            for bad in ({"limit": 0}, {"limit": 1001}, {"after": "x.1"}):
+                assert error(await http.get(url, headers=hm, params=bad), 422)
             runs = (await http.get(f"{base}/triage/runs", headers=hm)).json()["runs"]
             assert [x["id"] for x in runs] == [run_id]
             r = await http.get(f"/api/orgs/{org}/shadow/acceptance/workflows", headers=hm)

@@ -146,8 +146,8 @@ def cassette_from_run(run: TaskRun) -> Cassette:
 
     Raises ``ValueError`` for a run that cannot be one: still running, or with a step that
     has no recording (``record_decisions`` was off, or the step predates migration 0008)."""
-    if run.status is RunStatus.RUNNING:
-        raise ValueError(f"run {run.id} is still RUNNING: a case records a run that ended")
+    if not run.status.ended:
+        raise ValueError(f"run {run.id} is still {run.status.value}: a case is a run that ended")
     if not run.steps:
         raise ValueError(f"run {run.id} has no steps")
     steps: list[RecordedStep] = []
@@ -369,10 +369,10 @@ async def replay(
             break
         observations.append(observation)
         ended = index == len(recorded) - 1 < cassette.max_steps - 1
-        if matched and ended and cassette.status is RunStatus.FAILED:
+        if matched and ended and cassette.status in (RunStatus.FAILED, RunStatus.CANCELLED):
             # The run ended after this call before its budget did (a call refused as
             # invalid, a cancel): the same call ends the replay the same way.
-            status = RunStatus.FAILED
+            status = cassette.status
             break
     else:
         status = RunStatus.FAILED  # the budget ran out, as the run itself would end

@@ -3,6 +3,7 @@ decided in the one invocation gate (``cortex_ray.act``), and the use cases that 
 
 from cortex_ray.governance._discovery import CONNECTOR_ENTRY_POINTS, discover_connectors
 from cortex_ray.governance._ledger import LedgerEvent, RunLedger, Workflows
+from cortex_ray.governance._patterns import InputLimits
 from cortex_ray.governance._policy import (
     REDACTED,
     ConnectorPolicy,
@@ -68,6 +69,7 @@ __all__ = [
     "GovernanceStore",
     "GrantRequest",
     "HealthProbe",
+    "InputLimits",
     "LedgerEvent",
     "ReportedCall",
     "RequiredEvidence",

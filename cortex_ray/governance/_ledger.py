@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cortex_ray._exceptions import InvalidRequestError, NotFoundError
 from cortex_ray._types import Principal, RunMode, TaskRun
 from cortex_ray.access import UseCase
+from cortex_ray.governance._patterns import InputLimits
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import RunLabelRecord
 from cortex_ray.governance._workflows import (
@@ -42,6 +43,9 @@ from cortex_ray.storage import Store
 __all__ = ["LedgerEvent", "RunLedger", "Workflows"]
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
+_Key = tuple[int, int, int, int]
+"""An event's place in a ledger's logical order (see ``_timeline``)."""
+_CURSOR = re.compile(r"^\d{1,9}\.\d{1,9}\.\d{1,9}\.\d{1,19}$")
 
 
 class _Model(BaseModel):
@@ -89,7 +93,9 @@ class RunLedger(_Model):
     label: RunLabelRecord | None
     events: tuple[LedgerEvent, ...]
     payloads: dict[str, Any] = Field(default_factory=dict)
-    """Each referenced payload once (sha256 → value), when asked for."""
+    """Each payload the events reference once (sha256 → value), when asked for."""
+    next_after: str | None = None
+    """The cursor of the next page of events (``after``); ``None``: this page is the last."""
 
 
 class _Authorize(Protocol):
@@ -136,7 +142,9 @@ class Workflows:
         authorize: _Authorize,
         audited: _Audited,
         start: _Start,
+        input_limits: InputLimits | None = None,
     ) -> None:
+        self.input_limits = input_limits or InputLimits()
         self.store = store
         self.gov = governance
         self.workflows = WorkflowStore(store.db)
@@ -198,7 +206,7 @@ class Workflows:
         return await self.workflows.version(org_id, name, version)
 
     def _check_spec(self, spec: WorkflowVersionSpec) -> None:
-        check_input_schema(spec.input_schema)
+        check_input_schema(spec.input_schema, self.input_limits)
         unknown = [t for t in spec.tools if not self._tool_connector(t)[0]]
         if unknown:
             raise InvalidRequestError(f"tools: unknown tools: {', '.join(sorted(unknown))}")
@@ -278,7 +286,7 @@ class Workflows:
         """
         await self._authorize(principal, UseCase.TASKS_SUBMIT, org_id)
         found = await self.workflows.version(org_id, name, version)
-        checked = check_inputs(found, inputs)
+        checked = check_inputs(found, inputs, self.input_limits)
         mode = run_mode_for(found, run_mode)
         return await self._start(
             org_id,
@@ -336,13 +344,22 @@ class Workflows:
         *,
         workflow: str | None = None,
         payloads: bool = False,
+        limit: int | None = None,
+        after: str | None = None,
         principal: Principal | None = None,
     ) -> RunLedger:
-        """A run's ledger (any run; ``workflow``: only a run of that workflow is found).
+        """A run's ledger (any run; ``workflow``: only a run of that workflow is found), its
+        events a page at a time: at most ``limit`` (``None``: all), those after the cursor
+        ``after`` in the timeline's logical order (``next_after`` of the previous page).
+        ``payloads``: those the page's events reference.
 
         Raises:
             NotFoundError: No such run here (of that workflow).
+            InvalidRequestError: ``after`` is not a cursor; ``limit`` below 1.
         """
+        if limit is not None and limit < 1:
+            raise InvalidRequestError("limit must be at least 1")
+        cursor = None if after is None else _parse_cursor(after)
         await self._authorize(principal, UseCase.TASKS_GET, org_id)
         run = await self.store.get_run(org_id, run_id)
         version = None
@@ -357,7 +374,12 @@ class Workflows:
             evidence = evidence_of(gate, version.required_evidence)
         approvals = await self.gov.approvals(org_id, run_id=run_id, limit=10_000)
         label = await self.gov.label(org_id, run_id)
-        events = _timeline(run, rows, approvals, label, version, evidence)
+        timeline = _timeline(run, rows, approvals, label, version, evidence)
+        if cursor is not None:
+            timeline = [(key, e) for key, e in timeline if key > cursor]
+        page = timeline if limit is None else timeline[:limit]
+        more = len(page) < len(timeline)
+        events = tuple(e for _, e in page)
         stored: dict[str, Any] = {}
         if payloads:
             refs = sorted({ref for e in events for ref in e.payloads})
@@ -382,6 +404,7 @@ class Workflows:
             label=label,
             events=events,
             payloads=stored,
+            next_after=_cursor(page[-1][0]) if more else None,
         )
 
 
@@ -392,13 +415,14 @@ def _timeline(
     label: RunLabelRecord | None,
     version: WorkflowVersion | None,
     evidence: EvidenceCheck | None,
-) -> tuple[LedgerEvent, ...]:
-    """The events in order: the start; then per step what was proposed, the gate's
-    answers, approvals (in that logical order: the clocks of the rows differ); then the
-    end, the evidence check and the label."""
-    keyed: list[tuple[tuple[int, int, int, int], dict[str, Any]]] = []
+) -> list[tuple[_Key, LedgerEvent]]:
+    """The events in order, each with its key in that order (a page's cursor): the start;
+    then per step what was proposed, the gate's answers, approvals (in that logical order:
+    the clocks of the rows differ); then the end, the evidence check and the label. ``seq``
+    numbers the whole timeline, whatever page an event is read in."""
+    keyed: list[tuple[_Key, dict[str, Any]]] = []
 
-    def add(key: tuple[int, int, int, int], **event: Any) -> None:
+    def add(key: _Key, **event: Any) -> None:
         keyed.append((key, event))
 
     add(
@@ -485,6 +509,7 @@ def _timeline(
             outcome="PENDING",
             summary=a.reason,
             data={"approval_id": str(a.id), "tier": a.tier, "expires_at": a.expires_at.isoformat()},
+            payloads=a.payloads,
         )
         if a.decided_at is not None:
             add(
@@ -525,7 +550,22 @@ def _timeline(
             data={"labelled_by": label.labelled_by},
         )
     keyed.sort(key=lambda k: k[0])
-    return tuple(LedgerEvent(seq=i, **event) for i, (_, event) in enumerate(keyed))
+    return [(key, LedgerEvent(seq=i, **event)) for i, (key, event) in enumerate(keyed)]
+
+
+def _cursor(key: _Key) -> str:
+    # The event's place in the logical order, not its index: an event recorded meanwhile
+    # before the cursor (a request on a running run) cannot shift the next page.
+    return ".".join(map(str, key))
+
+
+def _parse_cursor(after: str) -> _Key:
+    if not _CURSOR.match(after):
+        raise InvalidRequestError(
+            f"after: {after[:100]!r} is not a ledger cursor (the nextAfter of a page)"
+        )
+    a, b, c, d = (int(part) for part in after.split("."))
+    return a, b, c, d
 
 
 def _args_sha256(args: Any) -> str:

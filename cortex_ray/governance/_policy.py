@@ -17,9 +17,17 @@ from typing import Any
 from uuid import UUID
 
 import jsonschema
+from jsonschema.protocols import Validator
 
 from cortex_ray._exceptions import InvalidRequestError
 from cortex_ray._types import CapabilityTier, utcnow
+from cortex_ray.governance._patterns import (
+    BoundedValidator,
+    InputLimits,
+    PatternTimeout,
+    check_patterns,
+    pattern_budget,
+)
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
     APPROVAL_RANK,
@@ -52,9 +60,12 @@ _CONSTRAINT_KEYWORDS = frozenset(
 )
 
 
-def check_constraints(constraints: Mapping[str, Any]) -> None:
+def check_constraints(
+    constraints: Mapping[str, Any], max_pattern_chars: int = InputLimits.max_pattern_chars
+) -> None:
     """Refuse constraints outside the supported JSON-schema subset (``InvalidRequestError``
-    naming the argument and keyword), so a grant never holds a rule the gate cannot apply."""
+    naming the argument and keyword), so a grant never holds a rule the gate cannot apply;
+    and a pattern longer than ``max_pattern_chars`` or that does not compile."""
 
     def walk(arg: str, schema: Any) -> None:
         if not isinstance(schema, dict) or not schema:
@@ -78,6 +89,7 @@ def check_constraints(constraints: Mapping[str, Any]) -> None:
         )
     except jsonschema.SchemaError as exc:
         raise InvalidRequestError(f"invalid constraint: {exc.message}") from exc
+    check_patterns(dict(constraints), max_pattern_chars, where="constraints")
 
 
 def redact(value: Any, fields: frozenset[str]) -> tuple[Any, int]:
@@ -138,16 +150,20 @@ class ConnectorPolicy:
         connectors: Iterable[Connector] = (),
         *,
         cache_s: float = 0.0,
+        pattern_budget_s: float = InputLimits.pattern_budget_s,
     ) -> None:
         self.store = store
         self.cache_s = cache_s
+        self.pattern_budget_s = pattern_budget_s
+        """All of a grant's pattern matches for one call together, at most (see
+        ``_patterns``: a catastrophic pattern denies the call instead of hanging it)."""
         """How long the instance and grants read for a call are reused (0: never)."""
         self._cache: dict[
             tuple[str, str, tuple[str, ...]],
             tuple[float, ConnectorInstance | None, list[ConnectorGrant]],
         ] = {}
         self.connectors: dict[str, Connector] = {}
-        self._validators: dict[tuple[UUID, str], jsonschema.Draft202012Validator] = {}
+        self._validators: dict[tuple[UUID, str], Validator] = {}
         for connector in connectors:
             self.register(connector)
 
@@ -255,9 +271,18 @@ class ConnectorPolicy:
             key = (grant.id, arg)
             validator = self._validators.get(key)
             if validator is None:
-                validator = jsonschema.Draft202012Validator(schema)
+                validator = BoundedValidator(schema)
                 self._validators[key] = validator
-            error = jsonschema.exceptions.best_match(validator.iter_errors(args[arg]))
+            try:
+                with pattern_budget(self.pattern_budget_s):
+                    error = jsonschema.exceptions.best_match(validator.iter_errors(args[arg]))
+            except PatternTimeout as slow:
+                # Fail closed: a constraint that cannot be decided in time allows nothing.
+                return (
+                    f"argument {arg!r} could not be checked against grant {grant.id}: its "
+                    f"pattern {slow.pattern[:100]!r} did not finish within "
+                    f"{self.pattern_budget_s} s"
+                )
             if error is not None:
                 return f"argument {arg!r} not allowed by grant {grant.id}: {error.message}"
         return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -55,10 +57,14 @@ def _grant(row: dict[str, Any]) -> ConnectorGrant:
 
 
 class GovernanceStore:
-    """Typed reads and writes of ``connector_instances`` and ``connector_grants``."""
+    """Typed reads and writes of ``connector_instances`` and ``connector_grants``, run
+    labels and approval requests. An approval's arguments, decision or evidence larger than
+    ``payload_inline_bytes`` (as JSON) are stored once in ``payloads`` and referenced from
+    the row, as audit rows' are; every read resolves them."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, payload_inline_bytes: int = 4096) -> None:
         self.db = db
+        self.payload_inline_bytes = payload_inline_bytes
 
     async def put_instance(self, instance: ConnectorInstance) -> ConnectorInstance:
         """Install a connector in the organisation, or change its configuration and state."""
@@ -270,27 +276,73 @@ class GovernanceStore:
 
     # approvals ------------------------------------------------------------------------------
 
-    @staticmethod
+    def _stored(self, value: Any) -> tuple[Any, str | None, str | None]:
+        """``value`` as the row keeps it: itself, or over the threshold a reference
+        ``{"$payload": sha256, "bytes": n}`` (with the sha256 and the text to store)."""
+        text = json.dumps(value, default=str)
+        if len(text) <= self.payload_inline_bytes:
+            return value, None, None
+        sha = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        return {"$payload": sha, "bytes": len(text.encode())}, sha, text
+
     async def insert_approval(
-        conn: Conn, approval: Approval, *, on_conflict_nothing: bool = False
+        self, conn: Conn, approval: Approval, *, on_conflict_nothing: bool = False
     ) -> None:
-        """Record an approval request in the caller's (the driver's fenced) transaction."""
+        """Record an approval request in the caller's (the driver's fenced) transaction,
+        with the payloads it references (each kept once per organisation)."""
         a = approval
+        # Scrubbed before anything is hashed or kept: the evidence holds earlier calls'
+        # arguments, which may carry what the scrubber takes for a credential.
+        args, args_ref, args_text = self._stored(scrub(a.args))
+        decision, decision_ref, decision_text = self._stored(a.decision)
+        evidence, evidence_ref, evidence_text = self._stored(scrub(a.evidence))
+        for ref, text in (
+            (args_ref, args_text),
+            (decision_ref, decision_text),
+            (evidence_ref, evidence_text),
+        ):
+            if ref is not None and text is not None:
+                await conn.execute(_INSERT_PAYLOAD, (a.org_id, ref, text, len(text.encode())))
         await conn.execute(
             """
             INSERT INTO approvals (org_id, id, run_id, session_id, turn_id, step_index, tool,
                 args, tier, decision, evidence, reason, requested_by, approvers, status,
-                expires_at, created_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                expires_at, created_at, args_ref, decision_ref, evidence_ref)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+                    %s)
             """
             + (" ON CONFLICT DO NOTHING" if on_conflict_nothing else ""),
             (
                 a.org_id, a.id, a.run_id, a.session_id, a.turn_id, a.step_index, a.tool,
-                Jsonb(scrub(a.args)), a.tier,
-                Jsonb(a.decision), Jsonb(a.evidence), a.reason, a.requested_by,
-                list(a.approvers), a.status.value, a.expires_at, a.created_at,
+                Jsonb(args), a.tier, Jsonb(decision), Jsonb(evidence), a.reason,
+                a.requested_by, list(a.approvers), a.status.value, a.expires_at, a.created_at,
+                args_ref, decision_ref, evidence_ref,
             ),
         )  # fmt: skip
+
+    async def _approvals(self, rows: Sequence[dict[str, Any]]) -> list[Approval]:
+        """Rows as approvals, their referenced fields resolved (one read for all)."""
+        refs = {r[k] for r in rows for k in _REFS if r.get(k)}
+        bodies: dict[str, Any] = {}
+        if refs:
+            org_id = rows[0]["org_id"]  # every read here is of one organisation's rows
+            async with self.db.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT sha256, body FROM payloads WHERE org_id = %s AND sha256 = ANY(%s)",
+                    (org_id, sorted(refs)),
+                )
+                bodies = {p["sha256"]: json.loads(p["body"]) for p in await cur.fetchall()}
+        found = []
+        for row in rows:
+            row = dict(row)
+            for ref, field in _REFS.items():
+                if row.get(ref) and row[ref] in bodies:
+                    row[field] = bodies[row[ref]]
+            found.append(_approval(row))
+        return found
+
+    async def _approval_or_none(self, row: dict[str, Any] | None) -> Approval | None:
+        return None if row is None else (await self._approvals([row]))[0]
 
     async def approval(self, org_id: str, approval_id: UUID) -> Approval:
         async with self.db.connection() as conn:
@@ -300,7 +352,7 @@ class GovernanceStore:
             row = await cur.fetchone()
         if row is None:
             raise NotFoundError(f"no approval {approval_id} in this organisation")
-        return _approval(row)
+        return (await self._approvals([row]))[0]
 
     async def approval_for_step(
         self, org_id: str, run_id: UUID, step_index: int
@@ -311,7 +363,7 @@ class GovernanceStore:
                 (org_id, run_id, step_index),
             )
             row = await cur.fetchone()
-        return None if row is None else _approval(row)
+        return await self._approval_or_none(row)
 
     async def approval_for_round(
         self, org_id: str, turn_id: UUID, round_index: int
@@ -324,7 +376,7 @@ class GovernanceStore:
                 (org_id, turn_id, round_index),
             )
             row = await cur.fetchone()
-        return None if row is None else _approval(row)
+        return await self._approval_or_none(row)
 
     async def put_turn_approval(self, approval: Approval) -> Approval:
         """Record a turn's request, or find the one its round already has (one per round)."""
@@ -361,7 +413,8 @@ class GovernanceStore:
                     limit,
                 ),
             )
-            return [_approval(r) for r in await cur.fetchall()]
+            rows = await cur.fetchall()
+        return await self._approvals(rows)
 
     async def decide(
         self,
@@ -391,7 +444,7 @@ class GovernanceStore:
                 """,
                 (org_id, row["run_id"]),
             )
-        return _approval(row)
+        return await self._approval_or_none(row)
 
     async def expire_due(self, limit: int = 1000) -> list[Approval]:
         """Expire the PENDING requests whose time is up, in every organisation (the
@@ -419,13 +472,24 @@ class GovernanceStore:
                     """,
                     (row["org_id"], row["run_id"]),
                 )
-        return [_approval(r) for r in rows]
+        # Rows of several organisations: each resolved among its own organisation's payloads.
+        return [a for r in rows for a in await self._approvals([r])]
+
+
+_REFS = {"args_ref": "args", "decision_ref": "decision", "evidence_ref": "evidence"}
+"""An approval's payload reference columns, and the field each stands for."""
+
+_INSERT_PAYLOAD = """
+INSERT INTO payloads (org_id, sha256, body, bytes) VALUES (%s, %s, %s, %s)
+ON CONFLICT (org_id, sha256) DO NOTHING
+"""
 
 
 def _approval(row: dict[str, Any]) -> Approval:
     return Approval(
-        **{k: row[k] for k in Approval.model_fields if k != "approvers"},
+        **{k: row[k] for k in Approval.model_fields if k not in ("approvers", "payloads")},
         approvers=tuple(row["approvers"] or ()),
+        payloads=tuple(row[k] for k in _REFS if row.get(k)),
     )
 
 

@@ -241,3 +241,7 @@ class Approval(_Model):
     decided_at: datetime | None = None
     note: str = ""
     created_at: datetime = Field(default_factory=utcnow)
+    payloads: tuple[str, ...] = ()
+    """The sha256 of the fields (``args``, ``decision``, ``evidence``) stored as payloads,
+    larger than ``payload_inline_bytes``: the row references them; read here, the fields
+    hold their values."""

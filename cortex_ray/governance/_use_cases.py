@@ -12,8 +12,9 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from cortex_ray._exceptions import ConflictError, InvalidRequestError, NotFoundError
-from cortex_ray._types import AgentMode, Principal, RunMode, RunStatus, utcnow
+from cortex_ray._types import AgentMode, Principal, RunMode, utcnow
 from cortex_ray.access import UseCase
+from cortex_ray.governance._patterns import InputLimits
 from cortex_ray.governance._policy import ConnectorPolicy, check_constraints
 from cortex_ray.governance._schedules import (
     DEFAULT_MAX_SECONDS,
@@ -21,6 +22,7 @@ from cortex_ray.governance._schedules import (
     ScheduleStatus,
     ScheduleStore,
     validate_schedule,
+    workflow_run_of,
 )
 from cortex_ray.governance._secrets import Rotation, SecretInfo, SecretStore
 from cortex_ray.governance._store import GovernanceStore
@@ -37,6 +39,7 @@ from cortex_ray.governance._types import (
     RunReport,
     ShadowAcceptance,
 )
+from cortex_ray.governance._workflows import WorkflowStore
 from cortex_ray.observability import scrub
 from cortex_ray.storage import Store
 
@@ -88,10 +91,12 @@ class Governance:
         audited: _Audited,
         excludes_requester: bool = False,
         secrets: SecretStore | None = None,
+        input_limits: InputLimits | None = None,
     ) -> None:
         self.excludes_requester = excludes_requester
         self.secrets = secrets
-        self.schedules = ScheduleStore(store.db)
+        self.input_limits = input_limits or InputLimits()
+        self.schedules = ScheduleStore(store.db, self.input_limits)
         self.schedules_changed = asyncio.Event()
         """Set when a schedule is made or resumed here: wakes this process's scheduler."""
         self.store = store
@@ -197,7 +202,7 @@ class Governance:
             raise InvalidRequestError(
                 f"not tools of connector {request.connector!r}: {', '.join(strangers)}"
             )
-        check_constraints(request.constraints)
+        check_constraints(request.constraints, self.input_limits.max_pattern_chars)
         if request.expires_at is not None:
             if request.expires_at.tzinfo is None:
                 raise InvalidRequestError("expires_at needs a time zone")
@@ -314,7 +319,7 @@ class Governance:
         run = await self.store.get_run(org_id, run_id)
         if run.run_mode is not RunMode.SHADOW:
             raise InvalidRequestError(f"run {run_id} is a {run.run_mode.value} run, not shadow")
-        if run.status not in (RunStatus.COMPLETED, RunStatus.FAILED):
+        if not run.status.ended:
             raise ConflictError(f"run {run_id} has not ended ({run.status.value})")
         record = await self.gov.put_label(org_id, run_id, label, note, caller.id)
         await self._audited(caller, UseCase.TASKS_LABEL, org_id, args=args)
@@ -475,7 +480,7 @@ class Governance:
         self,
         org_id: str,
         agent_ref: UUID | str,
-        goal: str,
+        goal: str = "",
         *,
         cron: str | None = None,
         interval_s: int | None = None,
@@ -483,33 +488,51 @@ class Governance:
         timezone: str = "UTC",
         max_steps: int = 8,
         max_seconds: int | None = DEFAULT_MAX_SECONDS,
-        run_mode: RunMode = RunMode.EXECUTE,
+        run_mode: RunMode | None = None,
         name: str = "",
+        workflow: str | None = None,
+        workflow_version: int | None = None,
+        inputs: dict[str, Any] | None = None,
         max_steps_limit: int = 64,
         principal: Principal | None = None,
     ) -> Schedule:
         """A recurring (``cron`` in ``timezone``, or every ``interval_s`` from ``run_at`` or
         now) or one-off (``run_at``) autonomous task of an AUTONOMOUS agent; each run capped
         at ``max_steps`` and ``max_seconds`` of wall time from when it fires (``None``: no
-        time cap).
+        time cap). Its runs pursue ``goal`` in ``run_mode`` (default execute), or, with
+        ``workflow``, are runs of that workflow's version (``workflow_version``, or the
+        latest when each fires) with ``inputs``, in ``run_mode`` or the version's default:
+        the inputs and the mode are checked now against the version they would run, and
+        again at every firing.
 
         Raises:
-            NotFoundError: No such agent here.
+            NotFoundError: No such agent here; no such workflow or version.
             InvalidRequestError: See ``validate_schedule``; a step budget out of range; an
-                agent that is not AUTONOMOUS.
+                agent that is not AUTONOMOUS; inputs the version's schema refuses, or a mode
+                less safe than its default.
         """
-        args = {"agent": str(agent_ref), "cron": cron, "interval_s": interval_s}
+        args: dict[str, Any] = {"agent": str(agent_ref), "cron": cron, "interval_s": interval_s}
+        if workflow is not None:
+            args["workflow"] = workflow
+            args["version"] = workflow_version
         caller = await self._authorize(principal, UseCase.SCHEDULES_CREATE, org_id, args=args)
         agent = await self.store.get_agent(org_id, agent_ref)
         if agent.mode is not AgentMode.AUTONOMOUS:
             raise InvalidRequestError(f"agent {agent.name!r} is not AUTONOMOUS")
         if not 1 <= max_steps <= max_steps_limit:
             raise InvalidRequestError(f"max_steps must be between 1 and {max_steps_limit}")
+        if workflow is None and run_mode is None:
+            run_mode = RunMode.EXECUTE
+        if workflow is None and inputs is not None:
+            raise InvalidRequestError("inputs go with a workflow")
         schedule = validate_schedule(
             Schedule(
                 org_id=org_id,
                 agent_id=agent.id,
                 name=name,
+                workflow=workflow,
+                workflow_version=workflow_version,
+                inputs=None if workflow is None else dict(inputs or {}),
                 goal=goal.strip(),
                 cron=cron,
                 interval_s=interval_s,
@@ -522,6 +545,11 @@ class Governance:
             ),
             utcnow(),
         )
+        if workflow is not None:
+            # The checks every firing makes again, now: a schedule that could not start a
+            # run is refused when it is made, not found out at its first due time.
+            version = await WorkflowStore(self.store.db).version(org_id, workflow, workflow_version)
+            workflow_run_of(schedule, version, self.input_limits)
         await self.schedules.create(schedule)
         self.schedules_changed.set()
         await self._audited(caller, UseCase.SCHEDULES_CREATE, org_id, args=args)
@@ -590,6 +618,8 @@ class Governance:
         (organisation, run id) of each run made here, for the executor to drive."""
         now = now or utcnow()
         made: list[tuple[str, UUID]] = []
-        while batch := await self.schedules.fire_due(now):
+        while True:
+            batch, taken = await self.schedules.fire_due(now)
             made.extend(batch)
-        return made
+            if not taken:
+                return made

@@ -23,6 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cortex_ray._exceptions import ConflictError, InvalidRequestError, NotFoundError
 from cortex_ray._types import CapabilityTier, RunMode, utcnow
+from cortex_ray.governance._patterns import (
+    InputLimits,
+    PatternTimeout,
+    bounded_validator,
+    check_patterns,
+)
 from cortex_ray.storage import Database
 
 __all__ = [
@@ -42,7 +48,8 @@ __all__ = [
 ]
 
 MAX_SCHEMA_BYTES = 64 * 1024
-MAX_INPUT_BYTES = 64 * 1024
+MAX_INPUT_BYTES = InputLimits.max_bytes
+_LIMITS = InputLimits()
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
 
 
@@ -221,11 +228,13 @@ def evidence_of(rows: Sequence[dict[str, Any]], required: RequiredEvidence) -> E
     return check_evidence(required, sources, versions)
 
 
-def check_input_schema(schema: dict[str, Any]) -> None:
-    """A version's input schema is a JSON schema (2020-12) of an object.
+def check_input_schema(schema: dict[str, Any], limits: InputLimits = _LIMITS) -> None:
+    """A version's input schema is a JSON schema (2020-12) of an object, whose patterns are
+    short enough and compile (see ``_patterns``).
 
     Raises:
-        InvalidRequestError: Not a valid schema, too large, or not of an object.
+        InvalidRequestError: Not a valid schema, too large, not of an object, or a pattern
+            too long or invalid.
     """
     size = len(json.dumps(schema, default=str).encode())
     if size > MAX_SCHEMA_BYTES:
@@ -240,22 +249,35 @@ def check_input_schema(schema: dict[str, Any]) -> None:
     kind = schema.get("type", "object")
     if kind != "object" and not (isinstance(kind, list) and "object" in kind):
         raise InvalidRequestError("input_schema must describe an object (type: object)")
+    check_patterns(schema, limits.max_pattern_chars)
 
 
-def check_inputs(version: WorkflowVersion, inputs: Any) -> dict[str, Any]:
-    """A run's inputs, valid against its version's schema.
+def check_inputs(
+    version: WorkflowVersion, inputs: Any, limits: InputLimits = _LIMITS
+) -> dict[str, Any]:
+    """A run's inputs, valid against its version's schema: at most ``limits.max_bytes`` as
+    JSON, and checked with the schema's patterns bounded in time (a version published
+    before patterns were checked may hold a catastrophic one: see ``_patterns``).
 
     Raises:
-        InvalidRequestError: Not an object, too large, or the first failing path and why.
+        InvalidRequestError: Not an object, too large, the first failing path and why, or a
+            pattern that ran out of the time budget.
     """
     if not isinstance(inputs, dict):
         raise InvalidRequestError("inputs must be a JSON object")
     size = len(json.dumps(inputs, default=str).encode())
-    if size > MAX_INPUT_BYTES:
-        raise InvalidRequestError(f"inputs: at most {MAX_INPUT_BYTES} bytes as JSON, got {size}")
-    validator = jsonschema.Draft202012Validator(version.input_schema)
+    if size > limits.max_bytes:
+        raise InvalidRequestError(f"inputs: at most {limits.max_bytes} bytes as JSON, got {size}")
     try:
-        errors = sorted(validator.iter_errors(inputs), key=lambda e: list(map(str, e.path)))
+        with bounded_validator(version.input_schema, limits.pattern_budget_s) as validator:
+            errors = sorted(validator.iter_errors(inputs), key=lambda e: list(map(str, e.path)))
+    except PatternTimeout as slow:
+        raise InvalidRequestError(
+            f"inputs cannot be checked against {version.label}'s schema: its pattern "
+            f"{slow.pattern[:200]!r} did not finish within {limits.pattern_budget_s} s on these "
+            "inputs (a pattern that backtracks catastrophically?): publish a version with a "
+            "simpler pattern"
+        ) from None
     except Exception as exc:  # an unresolvable $ref, a pattern the regex engine refuses
         raise InvalidRequestError(
             f"inputs cannot be checked against {version.label}'s schema: "
@@ -288,7 +310,8 @@ def run_mode_for(version: WorkflowVersion, asked: RunMode | None) -> RunMode:
     return asked
 
 
-def _version(row: dict[str, Any]) -> WorkflowVersion:
+def version_from_row(row: dict[str, Any]) -> WorkflowVersion:
+    """A ``workflow_versions`` row read with ``VERSION_SELECT``."""
     return WorkflowVersion(
         id=row["id"],
         org_id=row["org_id"],
@@ -309,7 +332,7 @@ def _version(row: dict[str, Any]) -> WorkflowVersion:
     )
 
 
-_VERSION_SELECT = """
+VERSION_SELECT = """
 SELECT v.*, w.name AS workflow FROM workflow_versions v
 JOIN workflows w ON w.org_id = v.org_id AND w.id = v.workflow_id
 """
@@ -442,10 +465,10 @@ class WorkflowStore:
     async def versions(self, org_id: str, workflow_id: UUID) -> list[WorkflowVersion]:
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                f"{_VERSION_SELECT} WHERE v.org_id = %s AND v.workflow_id = %s ORDER BY v.version",
+                f"{VERSION_SELECT} WHERE v.org_id = %s AND v.workflow_id = %s ORDER BY v.version",
                 (org_id, workflow_id),
             )
-            return [_version(r) for r in await cur.fetchall()]
+            return [version_from_row(r) for r in await cur.fetchall()]
 
     async def version(self, org_id: str, name: str, version: int | None = None) -> WorkflowVersion:
         """A workflow's version by number, or its latest.
@@ -455,7 +478,7 @@ class WorkflowStore:
         """
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                f"""{_VERSION_SELECT}
+                f"""{VERSION_SELECT}
                 WHERE v.org_id = %s AND w.name = %s AND (%s::int IS NULL OR v.version = %s)
                 ORDER BY v.version DESC LIMIT 1
                 """,
@@ -466,7 +489,7 @@ class WorkflowStore:
             if version is None:
                 raise NotFoundError(f"workflow {name!r} has no published version here")
             raise NotFoundError(f"workflow {name!r} has no version {version} here")
-        found = _version(row)
+        found = version_from_row(row)
         self._versions[(org_id, found.id)] = found
         return found
 
@@ -476,12 +499,12 @@ class WorkflowStore:
             return cached
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                f"{_VERSION_SELECT} WHERE v.org_id = %s AND v.id = %s", (org_id, version_id)
+                f"{VERSION_SELECT} WHERE v.org_id = %s AND v.id = %s", (org_id, version_id)
             )
             row = await cur.fetchone()
         if row is None:
             raise NotFoundError(f"no workflow version {version_id} in this organisation")
-        found = _version(row)
+        found = version_from_row(row)
         self._versions[(org_id, version_id)] = found
         return found
 

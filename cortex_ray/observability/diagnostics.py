@@ -85,6 +85,8 @@ def _bounded(value: Any, limit: int) -> Any:
 
 
 _SCALARS = frozenset({bool, int, float})
+_ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "DONE"})
+"""The statuses of a run (and a turn: DONE) that nothing drives any more."""
 
 
 @dataclass
@@ -346,6 +348,9 @@ class Diagnosis(BaseModel):
     ) -> Diagnosis:
         last_stall = max((i for i, e in enumerate(events) if e.kind == "stall"), default=-1)
         answered = any(e.kind in ("model_call", "terminal") for e in events[last_stall + 1 :])
+        # A run or turn that ended (a cancel writes no terminal event) is not waiting on
+        # anything, whatever its last stall.
+        answered = answered or status in _ENDED
         return cls(
             id=ident,
             status=status,

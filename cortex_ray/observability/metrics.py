@@ -94,8 +94,8 @@ def _histogram(
 
 RUNS_STARTED = _counter("cortex_runs_started", "Task runs submitted", "org", "agent")
 RUNS_FINISHED = _counter(
-    "cortex_runs_finished", "Task runs ended, by outcome (COMPLETED, FAILED)", "org", "agent",
-    "outcome",
+    "cortex_runs_finished", "Task runs ended, by outcome (COMPLETED, FAILED, CANCELLED)",
+    "org", "agent", "outcome",
 )  # fmt: skip
 STEPS = _counter(
     "cortex_steps", "Decision cycles of autonomous runs, by decision (ACT, FINISH, ...)", "org",

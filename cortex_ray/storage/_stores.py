@@ -531,7 +531,7 @@ class Store:
         self, org_id: str, run_id: UUID, reason: str, *, audit: AuditEntry | None = None
     ) -> bool:
         """Stop a RUNNING run, or one AWAITING_APPROVAL (its pending request becomes
-        CANCELLED, never to be decided): FAILED with ``reason``, its step intents removed,
+        CANCELLED, never to be decided): CANCELLED with ``reason``, its step intents removed,
         and with ``audit`` the row that audits it, in one transaction. ``False`` (and
         nothing written) when the run has ended; its driver stops at its next step commit,
         whose fenced write finds the run no longer RUNNING."""
@@ -567,7 +567,7 @@ class Store:
                 )
             elif row["status"] != RunStatus.RUNNING.value:
                 return False
-            await self.finish_run(conn, org_id, run_id, RunStatus.FAILED, reason=reason)
+            await self.finish_run(conn, org_id, run_id, RunStatus.CANCELLED, reason=reason)
             await conn.execute(
                 "DELETE FROM step_intents WHERE org_id = %s AND run_id = %s", (org_id, run_id)
             )
@@ -896,17 +896,20 @@ class Store:
         await conn.execute(_INSERT_AUDIT, _audit_params(entry))
 
     async def payload_of_a_run(self, org_id: str, sha256: str) -> bool:
-        """Whether a call of some run references this payload (a member may read it, as
-        the run's report); a direct call's or a session's alone is the admins'."""
+        """Whether a call of some run, or an approval request (members read requests
+        whole), references this payload (a member may read it, as the run's report); a
+        direct call's or a session's alone is the admins'."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 """
                 SELECT EXISTS (SELECT 1 FROM audit_log WHERE org_id = %s AND args_ref = %s
                                  AND run_id IS NOT NULL)
                     OR EXISTS (SELECT 1 FROM audit_log WHERE org_id = %s AND result_ref = %s
-                                 AND run_id IS NOT NULL) AS found
+                                 AND run_id IS NOT NULL)
+                    OR EXISTS (SELECT 1 FROM approvals WHERE org_id = %s
+                                 AND %s IN (args_ref, decision_ref, evidence_ref)) AS found
                 """,
-                (org_id, sha256, org_id, sha256),
+                (org_id, sha256, org_id, sha256, org_id, sha256),
             )
             row = await cur.fetchone()
         return bool(row and row["found"])
