@@ -94,7 +94,14 @@ def test_the_suite_runs_through_the_real_cycle(tmp_path: Path) -> None:
             "--json",
             str(out),
         ],
-        env={**env, "HF_HUB_OFFLINE": "1", "CORTEX_DATA_DIR": str(data)},
+        env={
+            **env,
+            "HF_HUB_OFFLINE": "1",
+            "CORTEX_DATA_DIR": str(data),
+            # Bounds each model call (768 by default: SmolLM2 may ramble to the limit, and a
+            # cut-off answer is retried); a run still ends in a reported result either way.
+            "CORTEX_MODEL_MAX_TOKENS": "256",
+        },
         capture_output=True,
         text=True,
         timeout=850,

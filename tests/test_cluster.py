@@ -200,6 +200,15 @@ def cluster_env(db: Database, tmp_path: Path) -> Iterator[dict[str, str]]:
         "CORTEX_MODEL_MAX_TOKENS": "128",
         "CORTEX_MODEL_TIMEOUT_S": "15",
         "CORTEX_STRUCTURED_RETRIES": "0",
+        # Test pace, not what is tested. SIGTERM to `ray start --block` drains the node for
+        # up to 30 s first (for Serve's proxies on a live cluster): the teardown kills
+        # everything anyway.
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        # A session actor whose start failed (no model replica left) exits only once its
+        # Serve handles' long polls to the controller return, 30–60 s each by default; the
+        # run's next attempt waits for that exit. Shorter polls, the same attempts.
+        "LISTEN_FOR_CHANGE_REQUEST_TIMEOUT_S_LOWER_BOUND": "2",
+        "LISTEN_FOR_CHANGE_REQUEST_TIMEOUT_S_UPPER_BOUND": "4",
     }
     yield env
 

@@ -303,7 +303,9 @@ def test_ray_job_submit_end_to_end(db: Database, org: str, tmp_path: Path) -> No
 
     ray_cli = Path(sys.executable).with_name("ray")
     corpus = make_corpus(tmp_path)
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    # No 30 s drain on SIGTERM (`ray start --block` waits for Serve's proxies on a live
+    # cluster): the cluster is torn down whole at the end.
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     dashboard = _free_port()
     temp_dir = Path("/tmp") / f"rs-{uuid.uuid4().hex[:8]}"
     # Every fixed default port may be held by another Ray on this machine (the dashboard
