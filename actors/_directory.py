@@ -409,6 +409,13 @@ class SessionDirectory:
                 failures += 1  # the constructor failed (database, factory)
                 last_error = f"the actor failed to start: {_cause(exc)}"
                 log.warning("%s: actor failed to start: %s", key.name, exc)
+                # Its worker lingers until what it started has drained (a Serve handle's
+                # long polls: 30-60 s) and keeps the name meanwhile, so the next attempt
+                # would wait for it: end it now.
+                try:
+                    ray.kill(handle, no_restart=True)
+                except Exception as kill_error:  # gone already: nothing to end
+                    log.debug("%s: %s", key.name, kill_error)
             except Exception as exc:
                 failures += 1  # the drive itself raised (model or database error)
                 last_error = _cause(exc)
