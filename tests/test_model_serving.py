@@ -1021,7 +1021,9 @@ async def test_the_graph_extraction_job_asks_the_served_llm_and_joins_the_stacks
         "CORTEX_INGEST__GRAPH_MODEL_RETRIES": "0",
         "CORTEX_INGEST__GRAPH_MODEL_MAX_TOKENS": "256",
     }
+    # A user's shell: no RAY_ADDRESS, and no RAY_AUTH_MODE (ray.init set it in this process).
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_AUTH_MODE", None)
     job = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "jobs.graph_extract", "--org", org, "--collection", "platform",
