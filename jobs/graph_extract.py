@@ -10,8 +10,9 @@ verbatim in their passage (``cortex_ray.graph``'s model extractor) through the g
 writer, method ``model``, one transaction per source version.
 
 On Ray: the versions are a Ray Data dataset; ``map_batches`` hands them to a pool of
-``ModelExtractor`` actors (``--actors``), each opening the model once and keeping
-``--in-flight`` calls going. Submit it like the other jobs:
+``ModelExtractor`` actors (``--actors``), each opening the model once (from the driver's
+settings, shipped to it: a joined cluster's workers do not have the job's environment) and
+keeping ``--in-flight`` calls going. Submit it like the other jobs:
 ``ray job submit --working-dir . -- python -m jobs.graph_extract --org acme --collection
 handbook``. Idempotent per (source version, extractor version): a version already in the
 ledger (``graph_extracted_versions``) is skipped, so a rerun asks nothing and writes nothing

@@ -1017,7 +1017,7 @@ async def test_the_graph_extraction_job_asks_the_served_llm_and_joins_the_stacks
         "CORTEX_MODEL_BACKEND": "served",
         "CORTEX_MODELS_APP": APP,
         "CORTEX_MODEL_NAME": LLM_ID,
-        # one request per call (the count below is exact), and room in the test's 1024 context
+        # one request per call (the count below is exact), and short answers (a fast test)
         "CORTEX_INGEST__GRAPH_MODEL_RETRIES": "0",
         "CORTEX_INGEST__GRAPH_MODEL_MAX_TOKENS": "256",
     }
