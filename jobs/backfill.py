@@ -11,7 +11,6 @@ the ingestion job: ``ray job submit --working-dir . -- python -m jobs.backfill .
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from typing import Annotated, Any
@@ -20,10 +19,10 @@ import numpy as np
 import typer
 from numpy.typing import NDArray
 
-from actors import local_ray_address
-from cortex_ray import CortexError, Interrupted, load_settings, reclaim_signals, stop_on_signals
+from cortex_ray import CortexError, Interrupted, load_settings, stop_on_signals
 from cortex_ray.knowledge import KnowledgeWriter
 from cortex_ray.storage import migrate
+from jobs._ray import join_or_start_ray
 from jobs.ingest import _resolve_dsn, _shown_default, job_default, job_options
 
 __all__ = ["Embedder", "backfill", "main"]
@@ -136,14 +135,7 @@ def main(
     started_ray = False
     try:
         migrate(dsn)
-        if not ray.is_initialized():
-            # --address, RAY_ADDRESS, or the local stack's Ray if one runs here (see ingest)
-            joined = (
-                address or os.environ.get("RAY_ADDRESS") or local_ray_address(settings.data_dir)
-            )
-            ray.init(address=joined, log_to_driver=False)
-            started_ray = True
-            reclaim_signals()  # ray.init replaced SIGTERM's handler
+        started_ray = join_or_start_ray(address, settings.data_dir)
         n = backfill(
             org,
             collection,

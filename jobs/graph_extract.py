@@ -10,8 +10,9 @@ verbatim in their passage (``cortex_ray.graph``'s model extractor) through the g
 writer, method ``model``, one transaction per source version.
 
 On Ray: the versions are a Ray Data dataset; ``map_batches`` hands them to a pool of
-``ModelExtractor`` actors (``--actors``), each opening the model once and keeping
-``--in-flight`` calls going. Submit it like the other jobs:
+``ModelExtractor`` actors (``--actors``), each opening the model once (from the driver's
+settings, shipped to it: a joined cluster's workers do not have the job's environment) and
+keeping ``--in-flight`` calls going. Submit it like the other jobs:
 ``ray job submit --working-dir . -- python -m jobs.graph_extract --org acme --collection
 handbook``. Idempotent per (source version, extractor version): a version already in the
 ledger (``graph_extracted_versions``) is skipped, so a rerun asks nothing and writes nothing
@@ -26,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -42,8 +42,8 @@ from cortex_ray import (
     CortexError,
     Interrupted,
     InvalidRequestError,
+    Settings,
     load_settings,
-    reclaim_signals,
     stop_on_signals,
 )
 from cortex_ray.graph import (
@@ -57,6 +57,7 @@ from cortex_ray.graph import (
 )
 from cortex_ray.models import BACKGROUND_PRIORITY, ModelClient, open_models
 from cortex_ray.storage import migrate
+from jobs._ray import join_or_start_ray
 from jobs.ingest import _resolve_dsn, _shown_default, job_default, job_options
 
 __all__ = ["ExtractOptions", "ModelExtractReport", "ModelExtractor", "main", "run_model_extraction"]
@@ -93,16 +94,24 @@ class ModelExtractReport:
     unsupported: int = 0  # facts whose evidence is not verbatim in the passage: dropped
     found: int = 0  # facts kept
     assertions: int = 0  # new assertions written (a fact already recorded is not new)
+    model_backend: str = ""  # how the model was opened: the settings' model_backend, or "given"
+    models: list[str] = field(default_factory=list)  # the names of the models that answered
     seconds: float = 0.0
     failed: list[tuple[str, str]] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in ("versions", *_COUNTS, "assertions")}
 
+    def detail(self) -> str:
+        """What the extraction run records: the counts, and which model answered how."""
+        return json.dumps(
+            {**self.counts(), "model_backend": self.model_backend, "models": self.models}
+        )
+
 
 class ModelExtractor:
     """Extracts source versions with one model client: a Ray actor's body (it opens the
-    model the settings name, once) or an in-process helper (given ``client``)."""
+    model ``settings`` name, once) or an in-process helper (given ``client``)."""
 
     def __init__(
         self,
@@ -112,6 +121,7 @@ class ModelExtractor:
         method_version: str,
         options: ExtractOptions,
         client: ModelClient | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self._org = org_id
         self._run = run_id
@@ -121,7 +131,8 @@ class ModelExtractor:
         self._loop = asyncio.new_event_loop() if client is None else None
         if client is None:
             assert self._loop is not None
-            parts = self._loop.run_until_complete(open_models(load_settings(), ("chat",)))
+            opened = open_models(settings or load_settings(), ("chat",))
+            parts = self._loop.run_until_complete(opened)
             if parts.chat is None:
                 raise CortexError("no chat model: set CORTEX_MODEL_BACKEND (docs/graph.md)")
             client = parts.chat
@@ -175,6 +186,7 @@ class ModelExtractor:
             "unsupported": total.unsupported,
             "found": len(total.rows),
             "assertions": written["assertions"],
+            "model": self._client.name,
         }
 
     def close(self) -> None:
@@ -206,15 +218,22 @@ def run_model_extraction(
     actors: int = job_default("graph_model_actors"),
     num_gpus: float = job_default("graph_model_num_gpus"),
     client: ModelClient | None = None,
+    settings: Settings | None = None,
 ) -> ModelExtractReport:
     """Extract the published versions not yet extracted at ``model_version``'s extraction
     version (``model_method_version``), recording one extraction run (DONE with the
     counts in its ``detail``, or FAILED with the reason).
 
     With ``client`` the versions are extracted in this process (the scripted model in
-    tests); otherwise by ``actors`` Ray actors on the Ray that is initialised (or a local one).
+    tests); otherwise by ``actors`` Ray actors on the Ray that is initialised (or a local one),
+    each opening the chat model ``settings`` name (default: ``load_settings()`` here). The
+    settings go to the actors from this driver because a joined cluster's workers do not
+    have its environment: ``CORTEX_MODEL_BACKEND=served`` set for the job reaches them only
+    this way.
     """
     options = options or ExtractOptions()
+    if client is None and settings is None:
+        settings = load_settings()
     method_version = model_method_version(model_version)
     started = time.perf_counter()
     with GraphWriter(dsn) as writer:
@@ -229,17 +248,20 @@ def run_model_extraction(
         run = writer.begin_run(
             org, method=MODEL, method_version=method_version, collection=collection
         )
-        report = ModelExtractReport(org, run, method_version)
+        backend = "given" if client is not None or settings is None else settings.model_backend
+        report = ModelExtractReport(org, run, method_version, model_backend=backend)
         try:
             for row in _extract(todo, dsn, org, run, method_version, options, actors, num_gpus,
-                                client):  # fmt: skip
+                                client, settings):  # fmt: skip
                 report.versions += 1
                 for key in (*_COUNTS, "assertions"):
                     setattr(report, key, getattr(report, key) + int(row[key]))
+                if row["model"] not in report.models:
+                    report.models.append(row["model"])
         except BaseException as exc:
-            writer.finish_run(org, run, failed=repr(exc)[:500], detail=json.dumps(report.counts()))
+            writer.finish_run(org, run, failed=repr(exc)[:500], detail=report.detail())
             raise
-        writer.finish_run(org, run, detail=json.dumps(report.counts()))
+        writer.finish_run(org, run, detail=report.detail())
     report.seconds = round(time.perf_counter() - started, 3)
     return report
 
@@ -254,6 +276,7 @@ def _extract(
     actors: int,
     num_gpus: float,
     client: ModelClient | None,
+    settings: Settings | None,
 ) -> Any:
     if not todo:
         return
@@ -288,6 +311,7 @@ def _extract(
             "run_id": run,
             "method_version": method_version,
             "options": options,
+            "settings": settings,
         },
         batch_size=1,
         batch_format="pyarrow",
@@ -359,8 +383,6 @@ def main(
     """Extract entities and relationships from published passages with the chat model."""
     import ray
 
-    from actors import local_ray_address
-
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         settings = load_settings()
@@ -401,13 +423,7 @@ def main(
     try:
         dsn, embedded = _resolve_dsn(database_url, settings)
         migrate(dsn)
-        if not ray.is_initialized():
-            joined = (
-                address or os.environ.get("RAY_ADDRESS") or local_ray_address(settings.data_dir)
-            )
-            ray.init(address=joined, num_cpus=None if joined else job.num_cpus, log_to_driver=False)
-            started_ray = True
-            reclaim_signals()  # ray.init replaced SIGTERM's handler
+        started_ray = join_or_start_ray(address, settings.data_dir, num_cpus=job.num_cpus)
         report = run_model_extraction(
             org,
             dsn=dsn,
@@ -418,6 +434,7 @@ def main(
             options=options,
             actors=job.graph_model_actors,
             num_gpus=job.graph_model_num_gpus,
+            settings=settings,
         )
     except CortexError as exc:
         typer.echo(f"error: {exc}", err=True)

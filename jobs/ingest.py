@@ -33,7 +33,7 @@ import typer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import ValidationError
 
-from actors import install_ray_metrics, local_ray_address
+from actors import install_ray_metrics
 from cortex_ray import (
     CortexError,
     IngestJobOptions,
@@ -41,7 +41,6 @@ from cortex_ray import (
     InvalidRequestError,
     Settings,
     load_settings,
-    reclaim_signals,
     stop_on_signals,
 )
 from cortex_ray.graph import DETERMINISTIC, EXTRACTOR_VERSION, GraphWriter
@@ -70,6 +69,7 @@ from jobs._pipeline import (
     plan_units,
     unit_size,
 )
+from jobs._ray import join_or_start_ray
 
 __all__ = ["GraphOnlyReport", "IngestReport", "Progress", "main", "run_graph_only", "run_ingest"]
 
@@ -654,19 +654,7 @@ def main(
     try:
         if dsn:
             migrate(dsn)
-        if not ray.is_initialized():
-            # --address, RAY_ADDRESS, or the local stack's Ray (the demo, `python -m serve`)
-            # if one runs here: its dashboard then shows this job too; else a Ray of its own.
-            joined = (
-                address or os.environ.get("RAY_ADDRESS") or local_ray_address(settings.data_dir)
-            )
-            if joined:
-                typer.echo(f"==> joining the Ray at {joined}", err=True)
-                ray.init(address=joined, log_to_driver=False)
-            else:
-                ray.init(num_cpus=job.num_cpus, log_to_driver=False)
-            started_ray = True
-            reclaim_signals()  # ray.init replaced SIGTERM's handler
+        started_ray = join_or_start_ray(address, settings.data_dir, num_cpus=job.num_cpus)
         if graph_only:
             assert dsn is not None
             report: IngestReport | GraphOnlyReport = run_graph_only(org, collection, paths, dsn=dsn)

@@ -77,6 +77,8 @@ def test_the_local_stack_shows_its_actors_and_ingestion_joins_its_ray(tmp_path: 
     }
     env.pop("CORTEX_DATABASE_URL", None)
     env.pop("RAY_ADDRESS", None)
+    # A user's shell: no RAY_AUTH_MODE (a Ray started in this process sets it here).
+    env.pop("RAY_AUTH_MODE", None)
     log = (tmp_path / "serve.log").open("w+")
     server = subprocess.Popen(
         [sys.executable, "-m", "serve"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
@@ -96,7 +98,8 @@ def test_the_local_stack_shows_its_actors_and_ingestion_joins_its_ray(tmp_path: 
         listed = subprocess.run(
             [ray_cli, "list", "actors", "--address", dashboard[1], "--format", "json",
              "--limit", "1000"],
-            env=env, capture_output=True, text=True, timeout=120,
+            # the CLI sends ~/.ray/auth_token only in token mode (docs/actors.md)
+            env={**env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert listed.returncode == 0, listed.stderr[-2000:]
         classes = {a.get("class_name") for a in json.loads(listed.stdout)}
