@@ -34,9 +34,12 @@ wall time / steps), the ratio of medians to OFF (the target: ALL/OFF <= 1.10), t
 the per-round paired ratios, and the client process's CPU per step (every thread: the
 exporters too), which the database's share of the wall time does not dilute.
 
-``--real-model`` measures the same thing on the step users run: the packaged SmolLM2-135M
-through llama.cpp and the packaged MiniLM embedder in this process (one instance of each,
-shared by the configurations), OFF, OFF_AGAIN and ALL only, one run a block.
+``--real-model`` runs the step users run: the packaged SmolLM2-135M through llama.cpp and
+the packaged MiniLM embedder in this process (one instance of each, shared by the
+configurations), OFF, OFF_AGAIN and ALL only, one run a block. What it measures is the
+size of a real step, the denominator of the overhead: its ratios are the model's, not the
+telemetry's (each agent's memories differ, so its prompts and answers differ, and the A/A
+control moves by as much as the step itself; docs/benchmarks.md has a run).
 
 Run: ``.venv/bin/python bench/observability_overhead.py [--steps 16] [--block 6] [--rounds 12]
 [--otlp http://127.0.0.1:6006/v1/traces] [--real-model]``; ``--check`` exits 1 when the target
