@@ -28,8 +28,6 @@ from cortex_ray._exceptions import (
     StructuredOutputError,
     UnavailableError,
 )
-from cortex_ray._executor import Executor, InProcessExecutor
-from cortex_ray._runtime import ApiKeyCreated, ApiKeyRevoked, Runtime
 from cortex_ray._settings import (
     ApiOptions,
     DiagnosticsOptions,
@@ -49,7 +47,6 @@ from cortex_ray._shutdown import (
     run_stoppable,
     stop_on_signals,
 )
-from cortex_ray._supervisor import RunSupervisor
 from cortex_ray._types import (
     ActionType,
     Agent,
@@ -85,6 +82,14 @@ from cortex_ray._types import (
     TurnEventKind,
     TurnResult,
     WorkingMemory,
+)
+from cortex_ray.runtime import (
+    ApiKeyCreated,
+    ApiKeyRevoked,
+    Executor,
+    InProcessExecutor,
+    RunSupervisor,
+    Runtime,
 )
 
 __all__ = [

@@ -47,7 +47,6 @@ from cortex_ray._exceptions import (
     InvalidRequestError,
     NotFoundError,
 )
-from cortex_ray._runtime import Runtime
 from cortex_ray._settings import load_settings
 from cortex_ray._shutdown import Interrupted, run_stoppable
 from cortex_ray._types import (
@@ -67,6 +66,7 @@ from cortex_ray.graph import Triple
 from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import HashEmbedder
 from cortex_ray.observability import waterfall
+from cortex_ray.runtime import Runtime
 
 __all__ = ["app", "main"]
 

@@ -1,8 +1,17 @@
 """Governed actions (issue 18): connectors and their grants, workflows and their versions,
-decided in the one invocation gate (``cortex_ray.act``), and the use cases that manage them."""
+approvals, schedules and secrets, decided in the one invocation gate (``cortex_ray.act``).
+The use cases that manage them are the door's (``cortex_ray.runtime``: ``Governance``,
+``Workflows``)."""
 
 from cortex_ray.governance._discovery import CONNECTOR_ENTRY_POINTS, discover_connectors
-from cortex_ray.governance._ledger import LedgerEvent, RunLedger, Workflows
+from cortex_ray.governance._ledger import (
+    LedgerEvent,
+    LedgerKey,
+    RunLedger,
+    is_sha256,
+    ledger_page,
+    parse_cursor,
+)
 from cortex_ray.governance._patterns import InputLimits
 from cortex_ray.governance._policy import (
     REDACTED,
@@ -11,7 +20,14 @@ from cortex_ray.governance._policy import (
     redact,
     redact_values,
 )
-from cortex_ray.governance._schedules import Schedule, ScheduleStatus, ScheduleStore
+from cortex_ray.governance._schedules import (
+    DEFAULT_MAX_SECONDS,
+    Schedule,
+    ScheduleStatus,
+    ScheduleStore,
+    validate_schedule,
+    workflow_run_of,
+)
 from cortex_ray.governance._secrets import (
     Rotation,
     SecretInfo,
@@ -27,6 +43,7 @@ from cortex_ray.governance._types import (
     Connector,
     ConnectorGrant,
     ConnectorInstance,
+    ConnectorView,
     GrantRequest,
     HealthProbe,
     ReportedCall,
@@ -36,8 +53,8 @@ from cortex_ray.governance._types import (
     ShadowAcceptance,
     Verdict,
 )
-from cortex_ray.governance._use_cases import ConnectorView, Governance
 from cortex_ray.governance._workflows import (
+    NAME_PATTERN,
     EvidenceCheck,
     RequiredEvidence,
     RiskLevel,
@@ -55,6 +72,8 @@ from cortex_ray.governance._workflows import (
 
 __all__ = [
     "CONNECTOR_ENTRY_POINTS",
+    "DEFAULT_MAX_SECONDS",
+    "NAME_PATTERN",
     "REDACTED",
     "Approval",
     "ApprovalPolicy",
@@ -65,12 +84,12 @@ __all__ = [
     "ConnectorPolicy",
     "ConnectorView",
     "EvidenceCheck",
-    "Governance",
     "GovernanceStore",
     "GrantRequest",
     "HealthProbe",
     "InputLimits",
     "LedgerEvent",
+    "LedgerKey",
     "ReportedCall",
     "RequiredEvidence",
     "RiskLevel",
@@ -91,16 +110,20 @@ __all__ = [
     "WorkflowStore",
     "WorkflowVersion",
     "WorkflowVersionSpec",
-    "Workflows",
     "check_constraints",
     "check_evidence",
     "check_input_schema",
     "check_inputs",
     "discover_connectors",
     "evidence_of",
+    "is_sha256",
+    "ledger_page",
     "load_previous_keys",
     "load_secret_key",
+    "parse_cursor",
     "redact",
     "redact_values",
     "run_mode_for",
+    "validate_schedule",
+    "workflow_run_of",
 ]

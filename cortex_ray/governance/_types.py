@@ -21,6 +21,7 @@ __all__ = [
     "Connector",
     "ConnectorGrant",
     "ConnectorInstance",
+    "ConnectorView",
     "GrantRequest",
     "HealthProbe",
     "ReportedCall",
@@ -83,6 +84,16 @@ class ConnectorInstance(_Model):
     health: str = "unknown"
     health_checked_at: datetime | None = None
     created_at: datetime = Field(default_factory=utcnow)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorView:
+    """A registered connector, its tools here, and its instance in the organisation (if
+    installed)."""
+
+    connector: Connector
+    tools: tuple[str, ...]
+    instance: ConnectorInstance | None
 
 
 class GrantRequest(_Model):

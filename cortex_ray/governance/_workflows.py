@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 MAX_SCHEMA_BYTES = 64 * 1024
-MAX_INPUT_BYTES = InputLimits.max_bytes
 _LIMITS = InputLimits()
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
 
