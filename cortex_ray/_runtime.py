@@ -7,7 +7,7 @@ principal, is decided by ``AccessControlService.authorize`` and leaves an audit 
 refusal; every allowed write and data read) with the action category the gate would give
 it. The transports only parse, call one method and render.
 
-What a use case sets going runs elsewhere: the loops are in ``cortex_ray._cycle``
+What a use case sets going runs elsewhere: the loops are in ``cortex_ray.cycle``
 (``DecisionCycle``), LEARN's cadences in ``cortex_ray.learn``, model opening in the backend
 registry (``cortex_ray.models.open_models``). ``drive_run``, ``run_turn`` and
 ``end_session`` are the executor seam: an ``Executor`` (in-process, or a session actor)
@@ -35,13 +35,6 @@ from uuid import UUID, uuid4
 from pydantic import ValidationError
 
 from cortex_ray import graph as _graph
-from cortex_ray._cycle import (
-    DecisionCycle,
-    StepCallback,
-    TurnEventRelay,
-    TurnEventSink,
-    events_until,
-)
 from cortex_ray._exceptions import (
     AccessDeniedError,
     ConfigurationError,
@@ -52,7 +45,6 @@ from cortex_ray._exceptions import (
     UnavailableError,
 )
 from cortex_ray._settings import Settings, load_settings
-from cortex_ray._tracing import GEN_AI_AGENT_NAME, current_traceparent, submission_span
 from cortex_ray._types import (
     Agent,
     AgentChanges,
@@ -85,7 +77,14 @@ from cortex_ray.act import (
     ToolRegistry,
     builtin_tools,
 )
-from cortex_ray.decide import AutonomousDriver, Critic, InteractiveDriver
+from cortex_ray.cycle import (
+    DecisionCycle,
+    StepCallback,
+    TurnEventRelay,
+    TurnEventSink,
+    build_drivers,
+    events_until,
+)
 from cortex_ray.evals import (
     Check,
     EvalCase,
@@ -127,13 +126,19 @@ from cortex_ray.models import (
     Embedder,
     ModelClient,
     ModelSlot,
-    RecordingModelClient,
     Reranker,
     open_models,
 )
-from cortex_ray.observability import RunTrace, Tracing, metrics
+from cortex_ray.observability import (
+    GEN_AI_AGENT_NAME,
+    RunTrace,
+    Tracing,
+    current_traceparent,
+    metrics,
+    submission_span,
+)
 from cortex_ray.observability.diagnostics import Diagnosis
-from cortex_ray.perceive import PromptComposer, ToolRetriever, WorkingMemoryAssembler
+from cortex_ray.perceive import ToolRetriever, WorkingMemoryAssembler
 from cortex_ray.storage import (
     AuditEntry,
     Database,
@@ -264,10 +269,6 @@ class Runtime:
             input_limits=input_limits,
         )
         """Workflow definitions, immutable versions, runs and their ledgers, as use cases."""
-        self.composer = PromptComposer(
-            show_action_space=settings.show_action_space,
-            earlier_chars=settings.progress_earlier_chars,
-        )
         # Above the threshold the prompt shows the tools retrieved for the objective, found
         # with the memory's embedder (one query vector a step; tool vectors are cached).
         tool_retrieval = ToolRetriever(
@@ -279,20 +280,11 @@ class Runtime:
         self.assembler = WorkingMemoryAssembler(
             memory, self.dispatcher, recall_k=settings.recall_k, tools=tool_retrieval
         )
-        # The inner voice of agents with critic on: another model when one is given, else
-        # the agent's own model with a reviewer's prompt (same lineage, said so in the log).
-        # The drivers' calls go through a recorder: inside an autonomous step's DECIDE each
-        # one is kept for the step's cassette (``record_decisions``); elsewhere it forwards.
-        capture = settings.tracing
-        deciding = None if model is None else RecordingModelClient(model, capture=capture)
-        reviewing = (
-            RecordingModelClient(critic_model, capture=capture)
-            if critic_model is not None
-            else deciding
-        )
-        critic = Critic(reviewing, self.composer, settings, independent=critic_model is not None)
-        self.autonomous = AutonomousDriver(deciding, self.composer, settings, critic=critic)
-        self.interactive = InteractiveDriver(deciding, self.composer, settings, critic=critic)
+        # DECIDE's drivers, built where an evaluation's replay builds them (critic, recorder).
+        drivers = build_drivers(settings, model, critic_model=critic_model)
+        self.composer = drivers.composer
+        self.autonomous = drivers.autonomous
+        self.interactive = drivers.interactive
         self.learner = Learner(db, self.store, memory)
         self.cycle = DecisionCycle(
             settings=settings,

@@ -30,7 +30,6 @@ import json
 from typing import Any
 
 from cortex_ray._settings import Settings
-from cortex_ray._tracing import tracer
 from cortex_ray._types import (
     ActionType,
     AgentAction,
@@ -50,6 +49,7 @@ from cortex_ray.decide._answers import (
 )
 from cortex_ray.decide._critic import Critic
 from cortex_ray.models import ChatMessage, ChatRequest, ChatResponse, ModelClient
+from cortex_ray.observability import tracer
 from cortex_ray.perceive import PromptComposer, call_text, repeat_of
 
 __all__ = ["InteractiveDriver"]

@@ -31,8 +31,7 @@ from cortex_ray._types import (
     RunStatus,
     TaskRun,
 )
-from cortex_ray.decide import AutonomousDriver
-from cortex_ray.decide._critic import Critic
+from cortex_ray.cycle import build_drivers
 from cortex_ray.evals._types import (
     Called,
     CaseMetrics,
@@ -61,14 +60,12 @@ from cortex_ray.models import (
     ChatRequest,
     ChatResponse,
     ModelClient,
-    RecordingModelClient,
     ToolCall,
     Usage,
     recording,
     request_digest,
     structured_call,
 )
-from cortex_ray.perceive import PromptComposer
 
 __all__ = [
     "CassettePlayer",
@@ -188,15 +185,6 @@ def cassette_from_run(run: TaskRun) -> Cassette:
     )
 
 
-def _driver(model: ModelClient, settings: Settings) -> AutonomousDriver:
-    composer = PromptComposer(
-        show_action_space=settings.show_action_space,
-        earlier_chars=settings.progress_earlier_chars,
-    )
-    critic = Critic(model, composer, settings, independent=False)
-    return AutonomousDriver(model, composer, settings, critic=critic)
-
-
 def _said(decision: Decision) -> str:
     if decision.kind is DecisionKind.ACT and decision.action is not None:
         return call_key(decision.action.tool, decision.action.args)
@@ -270,7 +258,6 @@ async def replay(
         for s in recorded
         if s.tool is not None and s.observation is not None
     }
-    live = RecordingModelClient(model) if model is not None else None
     observations: list[Observation] = []
     replayed: list[ReplayedStep] = []
     divergence: Divergence | None = None
@@ -298,12 +285,18 @@ async def replay(
         base = (step or recorded[-1]).wm
         wm = base.model_copy(update={"observations": tuple(observations), "step_index": index})
         player = CassettePlayer(step.model_calls) if step is not None else None
-        client: ModelClient | None = player if mode is EvalMode.REPLAY else live
-        assert client is not None
+        # The drivers production builds (``build_drivers``): in replay mode the cassette's
+        # player answers, unrecorded (its calls are the recording's own); live, the model
+        # answers through the recorder, as in a run.
+        if mode is EvalMode.REPLAY:
+            assert player is not None
+            driver = build_drivers(settings, player, recorded=False).autonomous
+        else:
+            driver = build_drivers(settings, model).autonomous
         started = time.perf_counter()
         with recording() as tape:
             try:
-                decision = await _driver(client, settings).decide(wm)
+                decision = await driver.decide(wm)
             except ReplayDivergence as exc:
                 divergence = Divergence(
                     step_index=index,
