@@ -152,9 +152,16 @@ class RunStep:
                 )
                 return None, paused
             return await self._acted(
-                agent, run, lease, step_index, cycle, cycle.dispatch, observations, on_step,
+                agent,
+                run,
+                lease,
+                step_index,
+                cycle,
+                cycle.dispatch,
+                observations,
+                on_step,
                 side_effects=intent.side_effects,
-            )  # fmt: skip
+            )
 
     def _decider(self, approved: Approval | None) -> Decide:
         """DECIDE: the driver's, or the approved request's decision (not decided again)."""
