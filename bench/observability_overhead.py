@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _scratch import scratch_data_dir
 from cycle_overhead import AGENT_TOOLS, GOAL, TICK, percentile, respond
 
-import cortex_ray._tracing as core_tracing  # bench only: switch the process's provider
+import cortex_ray.observability._spans as core_tracing  # bench only: switch the process's provider
 from cortex_ray import AgentMode, RunStatus, Runtime, Settings, run_main, run_stoppable
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import HashEmbedder, ModelParts, ScriptedModelClient, open_models

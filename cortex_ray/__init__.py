@@ -7,14 +7,6 @@ and use case; ``models`` holds model clients and embedders;
 ``storage`` the database.
 """
 
-from cortex_ray._cycle import (
-    CycleStep,
-    DecisionCycle,
-    StepCallback,
-    TurnEventRelay,
-    TurnEventSink,
-    events_until,
-)
 from cortex_ray._exceptions import (
     AccessDeniedError,
     ConfigurationError,
@@ -82,6 +74,14 @@ from cortex_ray._types import (
     TurnEventKind,
     TurnResult,
     WorkingMemory,
+)
+from cortex_ray.cycle import (
+    CycleStep,
+    DecisionCycle,
+    StepCallback,
+    TurnEventRelay,
+    TurnEventSink,
+    events_until,
 )
 from cortex_ray.runtime import (
     ApiKeyCreated,

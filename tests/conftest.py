@@ -26,7 +26,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # (cortex_ray.models.TEST_MODEL_NAME; Settings read this variable).
 os.environ.setdefault("CORTEX_MODEL_NAME", "SmolLM2-135M-Instruct")
 
-import cortex_ray._tracing
+import cortex_ray.observability._spans as spans
 from cortex_ray import Runtime, Settings
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import (
@@ -192,4 +192,4 @@ async def scripted_runtime(db: Database, settings: Settings) -> AsyncIterator[Ca
     providers = [rt.tracing.provider for rt in opened if rt.tracing is not None]
     for runtime in opened:
         await runtime.close(close_db=False)
-    assert not set(map(id, providers)) & set(map(id, cortex_ray._tracing._active))  # released
+    assert not set(map(id, providers)) & set(map(id, spans._active))  # released

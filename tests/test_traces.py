@@ -13,10 +13,16 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from cortex_ray import AgentMode, Grant, ObservationStatus, RunStatus
-from cortex_ray._tracing import activate_provider, deactivate_provider, tracer
 from cortex_ray.act import InvocationContext
 from cortex_ray.models import ChatRequest, ScriptedModelClient
-from cortex_ray.observability import RunTrace, TraceSpan, waterfall
+from cortex_ray.observability import (
+    RunTrace,
+    TraceSpan,
+    activate_provider,
+    deactivate_provider,
+    tracer,
+    waterfall,
+)
 
 SECRET = "ghp_" + "Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2Rr1Qq0Pp9Oo8"
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 from opentelemetry import trace
 
-import cortex_ray._tracing
-from cortex_ray._tracing import tracer
+import cortex_ray.observability._spans
+from cortex_ray.observability import tracer
 
 
 @pytest.fixture(autouse=True)
 def _no_runtime_provider(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a process with no runtime open: a runtime another test left open (its
     provider still active) must not decide what these see."""
-    monkeypatch.setattr(cortex_ray._tracing, "_active", [])
+    monkeypatch.setattr(cortex_ray.observability._spans, "_active", [])
 
 
 def test_without_a_provider_the_current_span_is_left_as_it_is() -> None:
@@ -59,7 +59,7 @@ def test_under_a_sampled_out_parent_nothing_is_made_and_nothing_recorded(
         exporter = memory.InMemorySpanExporter()
         provider = sdk.TracerProvider(sampler=sampler)
         provider.add_span_processor(export.SimpleSpanProcessor(exporter))
-        cortex_ray._tracing.activate_provider(provider)
+        cortex_ray.observability._spans.activate_provider(provider)
         try:
             with tracer.start_as_current_span("invoke_agent a") as root:
                 assert not root.is_recording()
@@ -71,5 +71,5 @@ def test_under_a_sampled_out_parent_nothing_is_made_and_nothing_recorded(
                     assert not seen.trace_flags.sampled
                     assert (child is root) is reused
         finally:
-            cortex_ray._tracing.deactivate_provider(provider)
+            cortex_ray.observability._spans.deactivate_provider(provider)
         assert exporter.get_finished_spans() == ()

@@ -29,16 +29,6 @@ from uuid import UUID
 import jsonschema
 
 from cortex_ray._settings import Settings
-from cortex_ray._tracing import (
-    GEN_AI_OPERATION_NAME,
-    GEN_AI_TOOL_CALL_ARGUMENTS,
-    GEN_AI_TOOL_CALL_RESULT,
-    GEN_AI_TOOL_NAME,
-    GEN_AI_TOOL_TYPE,
-    Status,
-    StatusCode,
-    tracer,
-)
 from cortex_ray._types import (
     ActionType,
     Agent,
@@ -60,7 +50,20 @@ from cortex_ray.governance import (
     redact,
     redact_values,
 )
-from cortex_ray.observability import captured, diagnostics, metrics, scrub
+from cortex_ray.observability import (
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_TOOL_CALL_ARGUMENTS,
+    GEN_AI_TOOL_CALL_RESULT,
+    GEN_AI_TOOL_NAME,
+    GEN_AI_TOOL_TYPE,
+    Status,
+    StatusCode,
+    captured,
+    diagnostics,
+    metrics,
+    scrub,
+    tracer,
+)
 from cortex_ray.storage import AuditEntry, Store
 
 __all__ = ["Dispatch", "InvocationContext", "ToolDispatcher", "ToolHook"]

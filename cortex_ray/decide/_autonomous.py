@@ -43,7 +43,6 @@ import jsonschema
 
 from cortex_ray._exceptions import ModelError
 from cortex_ray._settings import Settings
-from cortex_ray._tracing import tracer
 from cortex_ray._types import (
     ActionType,
     AgentAction,
@@ -63,6 +62,7 @@ from cortex_ray.decide._answers import (
 )
 from cortex_ray.decide._critic import Critic
 from cortex_ray.models import ModelClient, structured_call
+from cortex_ray.observability import tracer
 from cortex_ray.perceive import PromptComposer, is_answer_part, objective_parts, repeat_of
 
 __all__ = ["NO_MODEL_REASON", "AutonomousDriver", "no_judgement", "nothing_left"]

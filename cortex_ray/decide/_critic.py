@@ -24,10 +24,10 @@ from typing import Any
 
 from cortex_ray._exceptions import ModelError
 from cortex_ray._settings import Settings
-from cortex_ray._tracing import tracer
 from cortex_ray._types import WorkingMemory
 from cortex_ray.decide._answers import collapse_lead_in, placeholders
 from cortex_ray.models import ChatMessage, ModelClient, structured_call
+from cortex_ray.observability import tracer
 from cortex_ray.perceive import PromptComposer, call_text
 
 __all__ = ["PROBLEMS_CHARS", "Critic", "Review", "critique_schema"]

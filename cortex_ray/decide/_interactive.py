@@ -30,7 +30,6 @@ import json
 from typing import Any
 
 from cortex_ray._settings import Settings
-from cortex_ray._tracing import tracer
 from cortex_ray._types import (
     ActionType,
     AgentAction,
@@ -48,8 +47,10 @@ from cortex_ray.decide._answers import (
     placeholders,
     tools_named,
 )
+from cortex_ray.decide._autonomous import NO_MODEL_REASON
 from cortex_ray.decide._critic import Critic
 from cortex_ray.models import ChatMessage, ChatRequest, ChatResponse, ModelClient
+from cortex_ray.observability import tracer
 from cortex_ray.perceive import PromptComposer, call_text, repeat_of
 
 __all__ = ["InteractiveDriver"]
@@ -73,8 +74,6 @@ class InteractiveDriver:
 
     async def decide(self, wm: WorkingMemory, *, allow_tools: bool = True) -> Decision:
         if self.model is None:
-            from cortex_ray.decide._autonomous import NO_MODEL_REASON
-
             return Decision(kind=DecisionKind.REPLY, failed=True, reason=NO_MODEL_REASON)
         tools = [t for t in wm.action_space if t.name != "reply"] if allow_tools else []
         messages = tuple(self.composer.render(wm))

@@ -1,15 +1,9 @@
 """Evaluation: runs turned into regression cases, replayed against a changed prompt,
 planner or model, in versioned suites (issue 14, point 6; docs/evaluation.md)."""
 
-from cortex_ray.evals._replay import (
-    CassettePlayer,
-    ReplayDivergence,
-    cassette_from_run,
-    check_outcome,
-    decide_settings,
-    replay,
-    run_case,
-)
+from cortex_ray.evals._cassette import CassettePlayer, ReplayDivergence, cassette_from_run
+from cortex_ray.evals._checks import check_outcome
+from cortex_ray.evals._replay import decide_settings, replay, run_case
 from cortex_ray.evals._store import EvalStore, cases_digest
 from cortex_ray.evals._suites import compare_runs, run_suite, suite_metrics
 from cortex_ray.evals._types import (

@@ -1,6 +1,8 @@
-"""Replaying a cassette through the real planner, and checking what came out.
+"""Replaying a cassette through the real planner, and running a case (replay, then
+``check_outcome``).
 
-The replay drives ``AutonomousDriver.decide`` step by step on the working memory each
+The replay drives ``AutonomousDriver.decide`` (built by ``cortex_ray.cycle.build_drivers``,
+as the runtime builds it) step by step on the working memory each
 recorded step saw, with the observations rebuilt from the replay's own steps: the prompt
 composer, the planner and the settings are today's, so a change to any of them shows in
 the replay. In ``replay`` mode a ``CassettePlayer`` answers the model calls with the
@@ -14,187 +16,33 @@ and arguments); a call the recording never made ends the case.
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
 from typing import Any
 
 from pydantic import ConfigDict, create_model
 
-from cortex_ray._exceptions import CortexError, ModelError
+from cortex_ray._exceptions import ModelError
 from cortex_ray._settings import DECIDE_SETTINGS, Settings
-from cortex_ray._types import (
-    Decision,
-    DecisionKind,
-    ModelExchange,
-    Observation,
-    RunStatus,
-    TaskRun,
-)
-from cortex_ray.decide import AutonomousDriver
-from cortex_ray.decide._critic import Critic
+from cortex_ray._types import Decision, DecisionKind, Observation, RunStatus
+from cortex_ray.cycle import build_drivers
+from cortex_ray.evals._cassette import CassettePlayer, ReplayDivergence
+from cortex_ray.evals._checks import check_outcome
 from cortex_ray.evals._types import (
-    Called,
     CaseMetrics,
     CaseResult,
     Cassette,
-    Check,
-    CheckVerdict,
     Divergence,
     EvalCase,
     EvalMode,
-    Judge,
-    MaxSteps,
-    NoRepeats,
-    NotCalled,
     RecordedStep,
     ReplayedStep,
     ReplayOutcome,
-    ResultContains,
-    ResultMatches,
-    SameDecisions,
-    StatusIs,
     call_key,
 )
-from cortex_ray.models import (
-    ChatMessage,
-    ChatRequest,
-    ChatResponse,
-    ModelClient,
-    RecordingModelClient,
-    ToolCall,
-    Usage,
-    recording,
-    request_digest,
-    structured_call,
-)
-from cortex_ray.perceive import PromptComposer
+from cortex_ray.models import ModelClient, recording
 
-__all__ = [
-    "CassettePlayer",
-    "ReplayDivergence",
-    "cassette_from_run",
-    "check_outcome",
-    "decide_settings",
-    "replay",
-    "run_case",
-]
-
-
-class ReplayDivergence(CortexError):
-    """The decision asked its model for a call the recording does not have."""
-
-    def __init__(self, recorded: str, replayed: str) -> None:
-        super().__init__(f"the recording has {recorded}; the replay asked for {replayed}")
-        self.recorded = recorded
-        self.replayed = replayed
-
-
-class CassettePlayer:
-    """A ``ModelClient`` answering one step's model calls from their recording, in order."""
-
-    def __init__(self, calls: tuple[ModelExchange, ...]) -> None:
-        self._calls = calls
-        self._next = 0
-        self.prompt_changes = 0
-
-    @property
-    def name(self) -> str:
-        return self._calls[0].model if self._calls and self._calls[0].model else "cassette"
-
-    @property
-    def supports_json_schema(self) -> bool:
-        return self._calls[0].constrained if self._calls else True
-
-    @property
-    def used(self) -> tuple[ModelExchange, ...]:
-        """The recorded calls given so far."""
-        return self._calls[: self._next]
-
-    async def chat(self, request: ChatRequest) -> ChatResponse:
-        kind = request.schema_name if request.response_schema is not None else "text"
-        if self._next >= len(self._calls):
-            raise ReplayDivergence(
-                f"{len(self._calls)} model call(s) in this step", f"one more ({kind})"
-            )
-        recorded = self._calls[self._next]
-        if recorded.schema_name != kind:
-            raise ReplayDivergence(
-                f"call {self._next + 1} as {recorded.schema_name}", f"{kind} instead"
-            )
-        self._next += 1
-        if request_digest(request) != recorded.request_sha256:
-            self.prompt_changes += 1
-        return ChatResponse(
-            content=recorded.content,
-            tool_calls=tuple(
-                ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in recorded.tool_calls
-            ),
-            finish_reason=recorded.finish_reason,
-            usage=Usage(
-                prompt_tokens=recorded.prompt_tokens,
-                completion_tokens=recorded.completion_tokens,
-            ),
-        )
-
-    async def aclose(self) -> None:
-        return None
-
-
-def cassette_from_run(run: TaskRun) -> Cassette:
-    """The cassette of a run read with its recordings (``Store.get_run(..., recordings=True)``).
-
-    Raises ``ValueError`` for a run that cannot be one: still running, or with a step that
-    has no recording (``record_decisions`` was off, or the step predates migration 0008)."""
-    if not run.status.ended:
-        raise ValueError(f"run {run.id} is still {run.status.value}: a case is a run that ended")
-    if not run.steps:
-        raise ValueError(f"run {run.id} has no steps")
-    steps: list[RecordedStep] = []
-    for step in run.steps:
-        if step.recording is None:
-            raise ValueError(
-                f"run {run.id}, step {step.step_index + 1} has no recording (made with "
-                "record_decisions off, or before recordings were kept)"
-            )
-        failed = step.decision is DecisionKind.FINISH and run.status is RunStatus.FAILED
-        steps.append(
-            RecordedStep(
-                step_index=step.step_index,
-                wm=step.recording.wm,
-                model_calls=step.recording.model_calls,
-                decision=step.decision,
-                tool=step.action.tool if step.action is not None else None,
-                args=step.action.args if step.action is not None else {},
-                message=step.message,
-                failed=failed,
-                observation=step.observation,
-                decide_ms=step.recording.decide_ms,
-            )
-        )
-    models = [c.model for s in steps for c in s.model_calls if c.model]
-    first = run.steps[0].recording
-    return Cassette(
-        settings=dict(first.settings) if first is not None else {},
-        source_run=run.id,
-        source_org=run.org_id,
-        agent_name=steps[0].wm.agent_name,
-        objective=run.objective(),
-        max_steps=run.max_steps,
-        status=run.status,
-        result=run.result,
-        model=models[0] if models else "",
-        steps=tuple(steps),
-    )
-
-
-def _driver(model: ModelClient, settings: Settings) -> AutonomousDriver:
-    composer = PromptComposer(
-        show_action_space=settings.show_action_space,
-        earlier_chars=settings.progress_earlier_chars,
-    )
-    critic = Critic(model, composer, settings, independent=False)
-    return AutonomousDriver(model, composer, settings, critic=critic)
+__all__ = ["decide_settings", "replay", "run_case"]
 
 
 def _said(decision: Decision) -> str:
@@ -270,7 +118,6 @@ async def replay(
         for s in recorded
         if s.tool is not None and s.observation is not None
     }
-    live = RecordingModelClient(model) if model is not None else None
     observations: list[Observation] = []
     replayed: list[ReplayedStep] = []
     divergence: Divergence | None = None
@@ -298,12 +145,18 @@ async def replay(
         base = (step or recorded[-1]).wm
         wm = base.model_copy(update={"observations": tuple(observations), "step_index": index})
         player = CassettePlayer(step.model_calls) if step is not None else None
-        client: ModelClient | None = player if mode is EvalMode.REPLAY else live
-        assert client is not None
+        # The drivers production builds (``build_drivers``): in replay mode the cassette's
+        # player answers, unrecorded (its calls are the recording's own); live, the model
+        # answers through the recorder, as in a run.
+        if mode is EvalMode.REPLAY:
+            assert player is not None
+            driver = build_drivers(settings, player, recorded=False).autonomous
+        else:
+            driver = build_drivers(settings, model).autonomous
         started = time.perf_counter()
         with recording() as tape:
             try:
-                decision = await _driver(client, settings).decide(wm)
+                decision = await driver.decide(wm)
             except ReplayDivergence as exc:
                 divergence = Divergence(
                     step_index=index,
@@ -393,124 +246,6 @@ async def replay(
             prompt_changes=metrics["prompt_changes"],
         ),
     )
-
-
-# --- checks ------------------------------------------------------------------------------
-
-JUDGE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "reason": {"type": "string", "maxLength": 400},
-        "meets": {"type": "boolean"},
-    },
-    "required": ["reason", "meets"],
-    "additionalProperties": False,
-}
-
-
-def _subset(wanted: dict[str, Any], args: dict[str, Any]) -> bool:
-    return all(k in args and args[k] == v for k, v in wanted.items())
-
-
-async def _judge(
-    check: Judge, case: EvalCase, outcome: ReplayOutcome, judge: ModelClient | None
-) -> CheckVerdict:
-    if judge is None:
-        return CheckVerdict(kind=check.kind, passed=None, detail="skipped: no judge model")
-    calls = "\n".join(
-        f"{i}. {s.tool}({s.args}) -> {s.observation_status}"
-        for i, s in enumerate(outcome.calls(), 1)
-    )
-    prompt = (
-        f"Objective: {case.cassette.objective}\n\nCalls made:\n{calls or '(none)'}\n\n"
-        f"Final result: {outcome.result if outcome.result is not None else '(none)'}\n\n"
-        f"Criterion: {check.rubric}\n\nDoes the final result meet the criterion? Give a short "
-        "reason, then true or false."
-    )
-    messages = (
-        ChatMessage(role="system", content="You grade an agent's result against a criterion."),
-        ChatMessage(role="user", content=prompt),
-    )
-
-    def parse(raw: Any) -> tuple[bool, str]:
-        if not isinstance(raw, dict) or not isinstance(raw.get("meets"), bool):
-            raise ValueError('expected {"reason": ..., "meets": true|false}')
-        return raw["meets"], str(raw.get("reason", ""))[:400]
-
-    try:
-        meets, reason = await structured_call(
-            judge,
-            list(messages),
-            schema=JUDGE_SCHEMA,
-            validate=parse,
-            schema_name="judgement",
-            retries=2,
-        )
-    except ModelError as exc:
-        return CheckVerdict(kind=check.kind, passed=False, detail=f"the judge failed: {exc}")
-    return CheckVerdict(kind=check.kind, passed=meets, detail=f"{judge.name}: {reason}")
-
-
-async def check_outcome(
-    case: EvalCase, outcome: ReplayOutcome, *, judge: ModelClient | None = None
-) -> list[CheckVerdict]:
-    """Each of the case's checks against the replay's outcome."""
-    verdicts: list[CheckVerdict] = []
-    text = outcome.result or ""
-    calls = outcome.calls()
-    for check in case.checks:
-        verdicts.append(await _verdict(check, case, outcome, text, calls, judge))
-    return verdicts
-
-
-async def _verdict(
-    check: Check,
-    case: EvalCase,
-    outcome: ReplayOutcome,
-    text: str,
-    calls: list[ReplayedStep],
-    judge: ModelClient | None,
-) -> CheckVerdict:
-    def verdict(passed: bool, detail: str) -> CheckVerdict:
-        return CheckVerdict(kind=check.kind, passed=passed, detail=detail)
-
-    got = outcome.status.value if outcome.status is not None else f"none ({outcome.stopped})"
-    match check:
-        case StatusIs():
-            return verdict(outcome.status is check.equals, f"want {check.equals.value}, got {got}")
-        case ResultContains():
-            hay = text if check.case_sensitive else text.casefold()
-            missing = [
-                v for v in check.values if (v if check.case_sensitive else v.casefold()) not in hay
-            ]
-            return verdict(not missing, f"missing {missing}" if missing else "all present")
-        case ResultMatches():
-            found = re.search(check.pattern, text) is not None
-            return verdict(found, "matches" if found else f"no match for {check.pattern!r}")
-        case Called():
-            hit = any(s.tool == check.tool and _subset(check.args, s.args) for s in calls)
-            return verdict(hit, "called" if hit else f"no call of {check.tool} with {check.args}")
-        case NotCalled():
-            hit = any(s.tool == check.tool for s in calls)
-            return verdict(not hit, f"{check.tool} was called" if hit else "not called")
-        case MaxSteps():
-            n = len(outcome.steps)
-            return verdict(n <= check.value, f"{n} steps (at most {check.value})")
-        case NoRepeats():
-            keys = [call_key(s.tool or "", s.args) for s in calls]
-            twice = sorted({k for k in keys if keys.count(k) > 1})
-            return verdict(not twice, f"repeated {twice}" if twice else "no call made twice")
-        case SameDecisions():
-            d = outcome.divergence
-            if d is None:
-                return verdict(True, "every decision as recorded")
-            return verdict(
-                False,
-                f"step {d.step_index + 1} ({d.what}): recorded {d.recorded}; now {d.replayed}",
-            )
-        case Judge():
-            return await _judge(check, case, outcome, judge)
-    raise AssertionError(f"unhandled check {check!r}")  # pragma: no cover
 
 
 async def run_case(

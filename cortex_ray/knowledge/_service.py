@@ -19,7 +19,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cortex_ray._exceptions import ConfigurationError, InvalidRequestError
-from cortex_ray._tracing import GEN_AI_DATA_SOURCE_ID, GEN_AI_OPERATION_NAME, tracer
 from cortex_ray.knowledge._bm25 import PLAIN, Analyzer
 from cortex_ray.knowledge._sql import (
     BM25_EXACT_SQL,
@@ -39,7 +38,13 @@ from cortex_ray.knowledge._sql import (
 )
 from cortex_ray.knowledge._types import Fusion, RetrievalConfig, SearchHit, SearchResult, Tier
 from cortex_ray.models import Embedder, Reranker, embed
-from cortex_ray.observability import diagnostics, metrics
+from cortex_ray.observability import (
+    GEN_AI_DATA_SOURCE_ID,
+    GEN_AI_OPERATION_NAME,
+    diagnostics,
+    metrics,
+    tracer,
+)
 from cortex_ray.storage import Conn, Database
 
 __all__ = ["KnowledgeService", "Publication", "citation", "fuse"]

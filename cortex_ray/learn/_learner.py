@@ -18,7 +18,6 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 
-from cortex_ray._tracing import tracer
 from cortex_ray._types import (
     Agent,
     Decision,
@@ -37,6 +36,7 @@ from cortex_ray._types import (
 )
 from cortex_ray.memory import MemoryService
 from cortex_ray.models import ModelClient
+from cortex_ray.observability import tracer
 from cortex_ray.storage import (
     AuditEntry,
     Conn,

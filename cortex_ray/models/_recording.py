@@ -17,7 +17,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 from cortex_ray._settings import TracingOptions
-from cortex_ray._tracing import (
+from cortex_ray._types import ModelExchange, RecordedToolCall
+from cortex_ray.models._protocol import ChatRequest, ChatResponse, ModelClient, Usage
+from cortex_ray.observability import (
     GEN_AI_INPUT_MESSAGES,
     GEN_AI_OPERATION_NAME,
     GEN_AI_OUTPUT_MESSAGES,
@@ -26,11 +28,12 @@ from cortex_ray._tracing import (
     GEN_AI_USAGE_INPUT_TOKENS,
     GEN_AI_USAGE_OUTPUT_TOKENS,
     SpanKind,
+    bound_messages,
+    captured,
+    diagnostics,
+    metrics,
     tracer,
 )
-from cortex_ray._types import ModelExchange, RecordedToolCall
-from cortex_ray.models._protocol import ChatRequest, ChatResponse, ModelClient, Usage
-from cortex_ray.observability import bound_messages, captured, diagnostics, metrics
 
 __all__ = ["RecordingModelClient", "exchange", "recording", "request_digest"]
 

@@ -20,8 +20,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cortex_ray._exceptions import ConfigurationError
-from cortex_ray._tracing import GEN_AI_OPERATION_NAME, GEN_AI_REQUEST_MODEL, SpanKind, tracer
-from cortex_ray.observability import diagnostics, metrics
+from cortex_ray.observability import (
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_REQUEST_MODEL,
+    SpanKind,
+    diagnostics,
+    metrics,
+    tracer,
+)
 
 __all__ = [
     "Embedder",

@@ -1,33 +1,94 @@
 """What a platform team reads about a run: traces (where spans go, how a run's trace reads
 back), and the secret scrubber and bounded content capture that spans, diagnostics and
-audit records share."""
+audit records share.
 
-from cortex_ray._tracing import (
+The cycle's spans themselves (the tracer every seam opens its spans with, the trace-context
+helpers, the GenAI attribute names) are in ``_spans``; where a runtime sends them, in
+``_tracing``."""
+
+from cortex_ray.observability._capture import bound_messages, bound_text, captured
+from cortex_ray.observability._scrub import REDACTED, is_secret_key, scrub, scrub_text
+from cortex_ray.observability._spans import (
+    GEN_AI_AGENT_ID,
+    GEN_AI_AGENT_NAME,
+    GEN_AI_CONVERSATION_ID,
+    GEN_AI_DATA_SOURCE_ID,
+    GEN_AI_INPUT_MESSAGES,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_OUTPUT_MESSAGES,
+    GEN_AI_REQUEST_MAX_TOKENS,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_REQUEST_TEMPERATURE,
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_TOOL_CALL_ARGUMENTS,
+    GEN_AI_TOOL_CALL_RESULT,
+    GEN_AI_TOOL_NAME,
+    GEN_AI_TOOL_TYPE,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+    SEMCONV_VERSION,
     TRACE_CONTEXT,
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    activate_provider,
+    active_provider,
+    attempt_link,
     context_of,
     current_traceparent,
+    deactivate_provider,
+    end_run_span,
     outgoing_traceparent,
     server_span,
     start_child_span,
+    submission_span,
     tracer,
 )
-from cortex_ray.observability._capture import bound_messages, bound_text, captured
-from cortex_ray.observability._scrub import REDACTED, is_secret_key, scrub, scrub_text
 from cortex_ray.observability._tracing import PostgresSpanExporter, Tracing, otlp_endpoint
 from cortex_ray.observability._view import RunTrace, TraceSpan, waterfall
 
 __all__ = [
+    "GEN_AI_AGENT_ID",
+    "GEN_AI_AGENT_NAME",
+    "GEN_AI_CONVERSATION_ID",
+    "GEN_AI_DATA_SOURCE_ID",
+    "GEN_AI_INPUT_MESSAGES",
+    "GEN_AI_OPERATION_NAME",
+    "GEN_AI_OUTPUT_MESSAGES",
+    "GEN_AI_REQUEST_MAX_TOKENS",
+    "GEN_AI_REQUEST_MODEL",
+    "GEN_AI_REQUEST_TEMPERATURE",
+    "GEN_AI_RESPONSE_FINISH_REASONS",
+    "GEN_AI_TOOL_CALL_ARGUMENTS",
+    "GEN_AI_TOOL_CALL_RESULT",
+    "GEN_AI_TOOL_NAME",
+    "GEN_AI_TOOL_TYPE",
+    "GEN_AI_USAGE_INPUT_TOKENS",
+    "GEN_AI_USAGE_OUTPUT_TOKENS",
     "REDACTED",
+    "SEMCONV_VERSION",
     "TRACE_CONTEXT",
+    "Link",
     "PostgresSpanExporter",
     "RunTrace",
+    "SpanContext",
+    "SpanKind",
+    "Status",
+    "StatusCode",
     "TraceSpan",
     "Tracing",
+    "activate_provider",
+    "active_provider",
+    "attempt_link",
     "bound_messages",
     "bound_text",
     "captured",
     "context_of",
     "current_traceparent",
+    "deactivate_provider",
+    "end_run_span",
     "is_secret_key",
     "otlp_endpoint",
     "outgoing_traceparent",
@@ -35,6 +96,7 @@ __all__ = [
     "scrub_text",
     "server_span",
     "start_child_span",
+    "submission_span",
     "tracer",
     "waterfall",
 ]

@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from cortex_ray._settings import LocalSpans, Settings, load_settings
-from cortex_ray._tracing import activate_provider, deactivate_provider
+from cortex_ray.observability._spans import activate_provider, deactivate_provider
 
 __all__ = ["PostgresSpanExporter", "Tracing", "otlp_endpoint"]
 

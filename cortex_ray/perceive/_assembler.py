@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 from uuid import UUID
 
-from cortex_ray._tracing import tracer
 from cortex_ray._types import (
     Agent,
     AgentMode,
@@ -17,6 +16,7 @@ from cortex_ray._types import (
     WorkingMemory,
 )
 from cortex_ray.act import ToolDispatcher
+from cortex_ray.observability import tracer
 from cortex_ray.perceive._tool_retrieval import ToolRetriever, always_shown
 
 if TYPE_CHECKING:

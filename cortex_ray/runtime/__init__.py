@@ -9,7 +9,7 @@ governance (``Governance``) and workflows (``Workflows``). ``Executor`` /
 ``RunSupervisor`` resumes what nobody drives.
 """
 
-from cortex_ray._cycle import StepCallback, TurnEventRelay, TurnEventSink, events_until
+from cortex_ray.cycle import StepCallback, TurnEventRelay, TurnEventSink, events_until
 from cortex_ray.runtime._executor import Executor, InProcessExecutor
 from cortex_ray.runtime._gate import AccessGate, UseCaseGate
 from cortex_ray.runtime._governance import Governance

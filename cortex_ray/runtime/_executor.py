@@ -14,8 +14,8 @@ from collections.abc import Coroutine
 from typing import Any, Protocol, runtime_checkable
 from uuid import UUID
 
-from cortex_ray._cycle import TurnEventSink
 from cortex_ray._types import MemoryRecord, Principal, TurnResult
+from cortex_ray.cycle import TurnEventSink
 from cortex_ray.runtime._runtime import Runtime
 
 __all__ = ["Executor", "InProcessExecutor"]

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from uuid import uuid4
 
 from cortex_ray import graph as _graph
-from cortex_ray._cycle import DecisionCycle
 from cortex_ray._exceptions import ConfigurationError
 from cortex_ray._settings import Settings, load_settings
 from cortex_ray.access import AccessControlService
@@ -28,7 +27,8 @@ from cortex_ray.act import (
     ToolRegistry,
     builtin_tools,
 )
-from cortex_ray.decide import AutonomousDriver, Critic, InteractiveDriver
+from cortex_ray.cycle import DecisionCycle, build_drivers
+from cortex_ray.decide import AutonomousDriver, InteractiveDriver
 from cortex_ray.evals import EvalStore
 from cortex_ray.governance import (
     Connector,
@@ -46,7 +46,6 @@ from cortex_ray.models import (
     Embedder,
     ModelClient,
     ModelSlot,
-    RecordingModelClient,
     Reranker,
     open_models,
 )
@@ -157,10 +156,9 @@ def wire(
         governance=connector_policy,
         secrets=secrets,
     )
-    composer = PromptComposer(
-        show_action_space=settings.show_action_space,
-        earlier_chars=settings.progress_earlier_chars,
-    )
+    # DECIDE's drivers, built where an evaluation's replay builds them (critic, recorder).
+    drivers = build_drivers(settings, model, critic_model=critic_model)
+    composer = drivers.composer
     # Above the threshold the prompt shows the tools retrieved for the objective, found
     # with the memory's embedder (one query vector a step; tool vectors are cached).
     tool_retrieval = ToolRetriever(
@@ -172,20 +170,7 @@ def wire(
     assembler = WorkingMemoryAssembler(
         memory, dispatcher, recall_k=settings.recall_k, tools=tool_retrieval
     )
-    # The inner voice of agents with critic on: another model when one is given, else
-    # the agent's own model with a reviewer's prompt (same lineage, said so in the log).
-    # The drivers' calls go through a recorder: inside an autonomous step's DECIDE each
-    # one is kept for the step's cassette (``record_decisions``); elsewhere it forwards.
-    capture = settings.tracing
-    deciding = None if model is None else RecordingModelClient(model, capture=capture)
-    reviewing = (
-        RecordingModelClient(critic_model, capture=capture)
-        if critic_model is not None
-        else deciding
-    )
-    critic = Critic(reviewing, composer, settings, independent=critic_model is not None)
-    autonomous = AutonomousDriver(deciding, composer, settings, critic=critic)
-    interactive = InteractiveDriver(deciding, composer, settings, critic=critic)
+    autonomous, interactive = drivers.autonomous, drivers.interactive
     learner = Learner(db, store, memory)
     cycle = DecisionCycle(
         settings=settings,

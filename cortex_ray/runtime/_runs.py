@@ -9,14 +9,19 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID, uuid4
 
-from cortex_ray._cycle import DecisionCycle, StepCallback
 from cortex_ray._exceptions import InvalidRequestError
 from cortex_ray._settings import Settings
-from cortex_ray._tracing import GEN_AI_AGENT_NAME, current_traceparent, submission_span
 from cortex_ray._types import Agent, AgentMode, Principal, RunMode, RunStatus, TaskRun
 from cortex_ray.access import UseCase
+from cortex_ray.cycle import DecisionCycle, StepCallback
 from cortex_ray.governance import WorkflowVersion
-from cortex_ray.observability import RunTrace, metrics
+from cortex_ray.observability import (
+    GEN_AI_AGENT_NAME,
+    RunTrace,
+    current_traceparent,
+    metrics,
+    submission_span,
+)
 from cortex_ray.observability.diagnostics import Diagnosis
 from cortex_ray.runtime._gate import UseCaseGate
 from cortex_ray.runtime._traces import Traces

@@ -37,7 +37,6 @@ from cortex_ray._exceptions import (
     LeaseLost,
     NotFoundError,
 )
-from cortex_ray._tracing import current_traceparent, submission_span
 from cortex_ray._types import (
     SessionStatus,
     Turn,
@@ -45,6 +44,7 @@ from cortex_ray._types import (
     TurnEventKind,
     TurnResult,
 )
+from cortex_ray.observability import current_traceparent, submission_span
 from cortex_ray.storage._database import Conn, Database
 
 __all__ = [

@@ -32,7 +32,6 @@ from __future__ import annotations
 import random
 import threading
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -60,8 +59,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import Attributes
 
-if TYPE_CHECKING:
-    from cortex_ray._types import TaskRun
+from cortex_ray._types import TaskRun
 
 __all__ = [
     "GEN_AI_AGENT_ID",
