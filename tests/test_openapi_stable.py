@@ -23,6 +23,13 @@ from serve import ApiOptions, create_app
 GOLDEN = Path(__file__).with_name("golden")
 OPERATIONS = GOLDEN / "openapi_operations.json"
 DOCUMENT = GOLDEN / "openapi.json"
+# Two bodies share the class name GrantBody (a principal's tool grant, a connector grant), so
+# the document names their schemas by module; the modules moved when the routes were split
+# by domain (issue 29). Only these names differ from the golden file; every $ref follows.
+MOVED = {
+    "serve___schemas__GrantBody": "serve__schemas___common__GrantBody",
+    "serve___governance__GrantBody": "serve__schemas__governance__GrantBody",
+}
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
@@ -54,7 +61,7 @@ def route_order(app: FastAPI) -> list[list[str]]:
     """Pairs of routes (``METHOD path``) that one request could match, in the order the
     router tries them: the first one wins, so their order is behaviour."""
     routes = [
-        (method, route.path)
+        (method, route.path or "")
         for route in iter_route_contexts(app.routes)
         for method in sorted(route.methods or ())
     ]
@@ -71,11 +78,14 @@ def _dump(value: Any) -> str:
     return json.dumps(value, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def _check(path: Path, value: Any) -> None:
+def _check(path: Path, value: Any, renamed: dict[str, str] | None = None) -> None:
     if os.environ.get("CORTEX_UPDATE_GOLDEN"):
         path.write_text(_dump(value), encoding="utf-8")
     assert path.exists(), f"missing golden file {path}; run with CORTEX_UPDATE_GOLDEN=1"
-    assert json.loads(path.read_text(encoding="utf-8")) == json.loads(_dump(value))
+    golden = path.read_text(encoding="utf-8")
+    for old, new in (renamed or {}).items():
+        golden = golden.replace(f'"{old}"', f'"{new}"').replace(f'/{old}"', f'/{new}"')
+    assert json.loads(golden) == json.loads(_dump(value))
 
 
 def test_operations_are_stable(app: FastAPI) -> None:
@@ -85,4 +95,4 @@ def test_operations_are_stable(app: FastAPI) -> None:
 
 
 def test_openapi_document_is_stable(app: FastAPI) -> None:
-    _check(DOCUMENT, app.openapi())
+    _check(DOCUMENT, app.openapi(), MOVED)
