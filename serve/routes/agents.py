@@ -12,6 +12,7 @@ __all__ = ["agents_router"]
 
 
 def agents_router() -> APIRouter:
+    """The agents of an organisation."""
     router = org_router()
 
     @router.get("/agents", response_model=AgentList, tags=["agents"])

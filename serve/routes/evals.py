@@ -28,6 +28,7 @@ SuiteName = Annotated[str, Path(pattern=r"^[^\x00]{1,200}$", description="the su
 
 
 def evals_router() -> APIRouter:
+    """Evaluation suites and their runs."""
     router = org_router()
 
     @router.post("/evals/suites", response_model=EvalSuite, status_code=201, tags=["evals"])

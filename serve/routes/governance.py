@@ -38,6 +38,7 @@ SecretName = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")]
 
 
 def governance_router() -> APIRouter:
+    """Connectors, grants, the audit log, approvals, secrets."""
     router = org_router()
 
     @router.get("/connectors", response_model=ConnectorList, tags=["governance"])

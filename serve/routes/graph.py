@@ -19,6 +19,7 @@ CollectionPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,12
 
 
 def graph_router() -> APIRouter:
+    """The context graph."""
     router = org_router(tags=["graph"])
 
     denied: dict[int | str, dict[str, Any]] = {

@@ -11,6 +11,7 @@ __all__ = ["health_router"]
 
 
 def health_router() -> APIRouter:
+    """The open probes: liveness and readiness."""
     router = APIRouter(tags=["health"])
 
     @router.get("/healthz", response_model=Health)

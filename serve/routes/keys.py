@@ -14,6 +14,7 @@ __all__ = ["keys_router"]
 
 
 def keys_router() -> APIRouter:
+    """``/api/me``: the principal of the request's API key."""
     router = APIRouter(prefix="/api", tags=["principals"], responses={401: ERRORS[401]})
 
     @router.get("/me", response_model=PrincipalBody, response_model_by_alias=True)

@@ -18,6 +18,7 @@ CollectionPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,12
 
 
 def knowledge_router() -> APIRouter:
+    """Knowledge search, and a collection's source freshness and health."""
     router = org_router()
 
     @router.get(

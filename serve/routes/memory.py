@@ -26,6 +26,7 @@ __all__ = ["memory_router"]
 
 
 def memory_router() -> APIRouter:
+    """An agent's long-term memory and its proposed procedural edits."""
     router = org_router()
 
     @router.get(

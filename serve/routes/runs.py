@@ -80,6 +80,7 @@ async def _wait_terminal(
 
 
 def runs_router() -> APIRouter:
+    """Task runs, their reports and labels."""
     router = org_router()
 
     @router.post("/tasks", response_model=TaskAccepted, status_code=202, tags=["tasks"])

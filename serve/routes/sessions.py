@@ -96,6 +96,7 @@ def _last_seen(
 
 
 def sessions_router() -> APIRouter:
+    """Sessions and their turns."""
     router = org_router()
 
     @router.post("/sessions", response_model=SessionBody, status_code=201, tags=["sessions"])

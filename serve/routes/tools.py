@@ -16,6 +16,7 @@ ToolName = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")]
 
 
 def tools_router() -> APIRouter:
+    """The tools, and direct calls."""
     router = org_router()
 
     @router.get("/tools", response_model=ToolList, tags=["tools"])

@@ -42,6 +42,7 @@ LEDGER_PAGE_MAX = 1000
 
 
 def workflows_router() -> APIRouter:
+    """Workflows, their runs and ledgers, and schedules."""
     router = org_router()
 
     @router.get("/workflows", response_model=WorkflowList, tags=["workflows"])
