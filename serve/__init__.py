@@ -8,7 +8,7 @@ auth and errors: docs/api.md.
 """
 
 from cortex_ray import ApiOptions
-from serve._app import ApiState, ExecutorFactory, RuntimeFactory, create_app
+from serve._app import ExecutorFactory, RuntimeFactory, create_app
 from serve._deployment import (
     DEFAULT_APP_NAME,
     MODELS_ROUTE_PREFIX,
@@ -18,6 +18,7 @@ from serve._deployment import (
     build_api,
     run_local,
 )
+from serve._deps import ApiState
 
 __all__ = [
     "DEFAULT_APP_NAME",

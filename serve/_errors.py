@@ -78,7 +78,7 @@ from cortex_ray import (
     StorageError,
     UnavailableError,
 )
-from serve._schemas import ApiError, ErrorBody, ErrorDetail
+from serve.schemas import ApiError, ErrorBody, ErrorDetail
 
 __all__ = [
     "CORRELATION_HEADER",

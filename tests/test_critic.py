@@ -156,7 +156,7 @@ async def test_the_switch_is_kept_and_changed(runtime, org) -> None:
 
 
 async def test_the_api_and_the_core_take_the_critic_switch() -> None:
-    from serve._schemas import AgentCreate, AgentUpdate
+    from serve.schemas import AgentCreate, AgentUpdate
 
     assert AgentCreate(name="a", critic=True).critic is True
     assert AgentUpdate(critic=False).to_changes().critic is False

@@ -1,244 +1,49 @@
-"""Routes of the workflow use cases (issue 18, point 5): definitions, immutable versions,
-runs and their ledgers, acceptance per workflow, stored payloads.
+"""Workflows (definitions, immutable versions, runs and their ledgers, acceptance per
+workflow, stored payloads) and schedules.
 
-They only parse, call ``Runtime.workflows`` and render: the core decides and audits."""
+The routes only parse, call ``Runtime.workflows`` / ``Runtime.governance`` and render: the
+core decides and audits."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Path, Query, Response
-from pydantic import Field
+from fastapi import APIRouter, Path, Query, Response
 
-from cortex_ray import CapabilityTier, RunMode, RunStatus
-from cortex_ray.governance import (
-    RiskLevel,
-    RunLedger,
-    Workflow,
-    WorkflowVersion,
-    WorkflowVersionSpec,
+from serve._deps import NOT_ADMIN, MemberDep, OrgPath, StateDep, org_router
+from serve.schemas import ApiError
+from serve.schemas.workflows import (
+    LedgerBody,
+    PayloadBody,
+    ScheduleBody,
+    ScheduleCreate,
+    ScheduleList,
+    VersionBody,
+    VersionCreate,
+    WorkflowAcceptanceBody,
+    WorkflowAcceptanceList,
+    WorkflowBody,
+    WorkflowCreate,
+    WorkflowDetail,
+    WorkflowList,
+    WorkflowRunAccepted,
+    WorkflowRunCreate,
+    WorkflowRunList,
+    WorkflowRunSummary,
+    schedule_body,
 )
-from serve._app import _ERRORS, MemberDep, OrgPath, StateDep, _member
-from serve._schemas import ApiError, JsonObject, _Body, _Out
 
 __all__ = ["workflows_router"]
 
 WorkflowName = Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}$")]
 LEDGER_PAGE_DEFAULT = 200
 LEDGER_PAGE_MAX = 1000
-ToolName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[^\x00]+$")]
-_ADMIN: dict[int | str, dict[str, Any]] = {403: {"model": ApiError, "description": "not an admin"}}
-
-
-class WorkflowCreate(_Body):
-    name: str = Field(
-        min_length=1,
-        max_length=100,
-        pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}$",
-        description="unique in the organisation",
-    )
-    description: str = Field(default="", max_length=2000, pattern=r"^[^\x00]*$")
-
-
-class EvidenceBody(_Body):
-    min_sources: int = Field(default=0, ge=0, le=1000, description="distinct cited source ids")
-    sources: list[ToolName] = Field(
-        default_factory=list, max_length=100, description="source ids that must be cited"
-    )
-
-
-class VersionCreate(_Body):
-    instructions: str = Field(
-        min_length=1, max_length=20_000, pattern=r"^[^\x00]+$", description="the run's goal"
-    )
-    input_schema: JsonObject = Field(
-        default_factory=lambda: {"type": "object"},
-        description="a JSON schema (2020-12) of an object: a run's inputs must satisfy it",
-    )
-    tools: list[ToolName] = Field(default_factory=list, max_length=200)
-    connectors: list[ToolName] = Field(
-        default_factory=list, max_length=100, description="every tool of these is allowed"
-    )
-    required_evidence: EvidenceBody = Field(default_factory=EvidenceBody)
-    risk: RiskLevel = RiskLevel.LOW
-    approval_tools: list[ToolName] = Field(default_factory=list, max_length=200)
-    approval_tiers: list[CapabilityTier] = Field(default_factory=list, max_length=3)
-    default_mode: RunMode = RunMode.EXECUTE
-
-    def spec(self) -> WorkflowVersionSpec:
-        return WorkflowVersionSpec.model_validate(self.model_dump())
-
-
-class EvidenceOut(_Out):
-    min_sources: int
-    sources: list[str]
-
-
-class VersionBody(_Out):
-    id: UUID
-    workflow: str
-    workflow_id: UUID
-    version: int
-    instructions: str
-    input_schema: dict[str, Any]
-    tools: list[str]
-    connectors: list[str]
-    required_evidence: EvidenceOut
-    risk: RiskLevel
-    approval_tools: list[str]
-    approval_tiers: list[CapabilityTier]
-    default_mode: RunMode
-    published_by: str
-    published_at: datetime
-
-    @classmethod
-    def of(cls, v: WorkflowVersion) -> VersionBody:
-        return cls.model_validate(v.model_dump(exclude={"org_id"}))
-
-
-class WorkflowBody(_Out):
-    id: UUID
-    name: str
-    description: str
-    created_by: str
-    created_at: datetime
-    latest_version: int | None
-
-    @classmethod
-    def of(cls, w: Workflow) -> WorkflowBody:
-        return cls.model_validate(w.model_dump(exclude={"org_id"}))
-
-
-class WorkflowList(_Out):
-    workflows: list[WorkflowBody]
-
-
-class WorkflowDetail(WorkflowBody):
-    versions: list[VersionBody]
-
-
-class WorkflowRunCreate(_Body):
-    agent_id: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00]+$")
-    inputs: JsonObject = Field(default_factory=dict)
-    version: int | None = Field(default=None, ge=1, description="default: the latest")
-    run_mode: RunMode | None = Field(
-        default=None, description="default: the version's; only a safer one may be asked"
-    )
-    max_steps: int | None = Field(default=None, ge=1)
-    name: str = Field(default="", max_length=200, pattern=r"^[^\x00]*$")
-    caller_user_id: str | None = Field(default=None, max_length=200, pattern=r"^[^\x00]+$")
-
-
-class WorkflowRunAccepted(_Out):
-    id: UUID
-    status: RunStatus
-    agent_id: UUID
-    workflow_version_id: UUID
-    run_mode: RunMode
-    location: str
-
-
-class WorkflowRunSummary(_Out):
-    id: UUID
-    version: int
-    agent_id: UUID
-    run_mode: RunMode
-    status: RunStatus
-    requested_by: str | None
-    created_at: datetime
-    finished_at: datetime | None
-    reason: str | None
-
-
-class WorkflowRunList(_Out):
-    runs: list[WorkflowRunSummary]
-
-
-class EvidenceCheckBody(_Out):
-    sources: list[str]
-    versions: list[str]
-    required: EvidenceOut
-    missing: list[str]
-    satisfied: bool
-
-
-class LedgerEventBody(_Out):
-    seq: int
-    kind: str
-    at: datetime | None
-    step_index: int | None
-    tool: str | None
-    outcome: str | None
-    summary: str
-    data: dict[str, Any]
-    payloads: list[str] = Field(description="sha256 of the stored payloads it references")
-
-
-class LabelOut(_Out):
-    label: str
-    note: str
-    labelled_by: str
-    labelled_at: datetime
-
-
-class LedgerBody(_Out):
-    run_id: UUID
-    agent_id: UUID
-    workflow: str | None
-    workflow_id: UUID | None
-    version: int | None
-    workflow_version_id: UUID | None
-    risk: str | None
-    requested_by: str | None
-    caller_id: str | None
-    run_mode: RunMode
-    status: str
-    reason: str | None
-    inputs: dict[str, Any] | None
-    evidence: EvidenceCheckBody | None
-    label: LabelOut | None
-    events: list[LedgerEventBody]
-    payloads: dict[str, Any] = Field(
-        description="with `payloads=true`: each payload this page's events reference, once, "
-        "by sha256"
-    )
-    next_after: str | None = Field(
-        description="the cursor of the next page (`after=`); null: this page is the last"
-    )
-
-    @classmethod
-    def of(cls, ledger: RunLedger) -> LedgerBody:
-        return cls.model_validate(ledger.model_dump(mode="json"))
-
-
-class WorkflowAcceptanceBody(_Out):
-    workflow_id: UUID
-    workflow: str
-    version: int
-    runs: int
-    labelled: int
-    accepted: int
-    rejected: int
-    mixed: int
-    proposals: int
-    acceptance_rate: float | None
-
-
-class WorkflowAcceptanceList(_Out):
-    workflows: list[WorkflowAcceptanceBody]
-
-
-class PayloadBody(_Out):
-    sha256: str
-    value: Any
 
 
 def workflows_router() -> APIRouter:
-    router = APIRouter(
-        prefix="/api/orgs/{org}", dependencies=[Depends(_member)], responses=dict(_ERRORS)
-    )
+    """Workflows, their runs and ledgers, and schedules."""
+    router = org_router()
 
     @router.get("/workflows", response_model=WorkflowList, tags=["workflows"])
     async def list_workflows(state: StateDep, org: OrgPath, principal: MemberDep) -> WorkflowList:
@@ -251,7 +56,7 @@ def workflows_router() -> APIRouter:
         response_model=WorkflowBody,
         status_code=201,
         tags=["workflows"],
-        responses={**_ADMIN, 409: {"model": ApiError, "description": "the name is taken"}},
+        responses={**NOT_ADMIN, 409: {"model": ApiError, "description": "the name is taken"}},
     )
     async def create_workflow(
         state: StateDep, org: OrgPath, principal: MemberDep, body: WorkflowCreate
@@ -277,7 +82,7 @@ def workflows_router() -> APIRouter:
         response_model=VersionBody,
         status_code=201,
         tags=["workflows"],
-        responses={**_ADMIN, 409: {"model": ApiError, "description": "published meanwhile"}},
+        responses={**NOT_ADMIN, 409: {"model": ApiError, "description": "published meanwhile"}},
     )
     async def publish_version(
         state: StateDep, org: OrgPath, principal: MemberDep, workflow: WorkflowName,
@@ -295,7 +100,7 @@ def workflows_router() -> APIRouter:
         response_model=VersionBody,
         tags=["workflows"],
         responses={
-            **_ADMIN,
+            **NOT_ADMIN,
             201: {"model": VersionBody, "description": "published now"},
             409: {"model": ApiError, "description": "published with another spec: immutable"},
         },
@@ -425,5 +230,58 @@ def workflows_router() -> APIRouter:
         """A stored payload (a run's large argument or result) by its sha256."""
         value = await state.runtime.workflows.payload(org, sha256, principal=principal)
         return PayloadBody(sha256=sha256, value=value)
+
+    @router.get("/schedules", response_model=ScheduleList, tags=["schedules"])
+    async def list_schedules(state: StateDep, org: OrgPath, principal: MemberDep) -> ScheduleList:
+        """The organisation's schedules, oldest first."""
+        found = await state.runtime.governance.list_schedules(org, principal=principal)
+        return ScheduleList(schedules=[schedule_body(s) for s in found])
+
+    @router.post("/schedules", response_model=ScheduleBody, status_code=201, tags=["schedules"])
+    async def create_schedule(
+        state: StateDep, org: OrgPath, principal: MemberDep, body: ScheduleCreate
+    ) -> ScheduleBody:
+        """A recurring (``cron`` in ``timezone``, or every ``intervalS``) or one-off
+        (``runAt``) autonomous task, of a ``goal`` or of a ``workflow`` (its ``version``, or
+        the latest, with ``inputs``: checked now and at every firing); fired once per due
+        time by the API's scheduler."""
+        made = await state.runtime.governance.create_schedule(
+            org,
+            body.agent_id,
+            body.goal,
+            cron=body.cron,
+            interval_s=body.interval_s,
+            run_at=body.run_at,
+            timezone=body.timezone,
+            max_steps=body.max_steps,
+            max_seconds=body.max_seconds,
+            run_mode=body.run_mode,
+            name=body.name,
+            workflow=body.workflow,
+            workflow_version=body.version,
+            inputs=body.inputs,
+            max_steps_limit=state.runtime.settings.max_steps_limit,
+            principal=principal,
+        )
+        return schedule_body(made)
+
+    @router.post(
+        "/schedules/{schedule_id}/{action}",
+        response_model=ScheduleBody,
+        tags=["schedules"],
+        responses={409: {"model": ApiError, "description": "cancelled, done, not suspended"}},
+    )
+    async def change_schedule(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        schedule_id: UUID,
+        action: Annotated[str, Path(pattern=r"^(suspend|resume|cancel)$")],
+    ) -> ScheduleBody:
+        """Suspend, resume or cancel a schedule (its creator or an admin)."""
+        changed = await state.runtime.governance.change_schedule(
+            org, schedule_id, action, principal=principal
+        )
+        return schedule_body(changed)
 
     return router

@@ -1,0 +1,131 @@
+"""Evaluation: suites, cases from runs, suite runs and their comparison."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from uuid import UUID
+
+from pydantic import AfterValidator, BaseModel, Field, StrictInt, ValidationError, model_validator
+
+from cortex_ray.evals import Check, EvalCase, EvalMode, EvalRunSummary, EvalSuite, EvalSuiteSummary
+from serve.schemas._common import JsonObject, Name, _Body, _clean, _Out, has_bad_text
+
+# evaluation ------------------------------------------------------------------------------
+# A suite's cases (their cassettes and checks) and what a suite run keeps are the core's
+# evaluation types as they are (``cortex_ray.evals``, snake_case fields): one vocabulary
+# with suite files and ``cortex-ray eval``, so a suite read here can be kept in a file or
+# posted back. Only the envelopes below are the API's own (camelCase, as everywhere).
+
+Description = Annotated[str, Field(max_length=2000), AfterValidator(_clean)]
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(p) for p in error.get("loc", ()))
+    message = str(error.get("msg", "invalid"))
+    return f"{where}: {message}" if where else message
+
+
+def _storable(what: str, items: list[BaseModel]) -> None:
+    for i, item in enumerate(items):
+        if (reason := has_bad_text(item.model_dump(mode="json"))) is not None:
+            raise ValueError(f"{what}.{i}: {reason}")
+
+
+class EvalSuiteCreate(_Body):
+    """A suite's cases, saved as its next version (1 for a new name). The version, digest
+    and author are the server's; the same cases as the latest version are that version
+    (nothing new is written)."""
+
+    name: str = Field(
+        max_length=100,
+        description="1-100 letters, digits, '_', '.' or '-', starting with a letter or digit",
+    )
+    description: Description = ""
+    cases: list[EvalCase] = Field(
+        min_length=1, max_length=1000, description="case names are unique in a suite"
+    )
+
+    @model_validator(mode="after")
+    def _valid_suite(self) -> EvalSuiteCreate:
+        _storable("cases", list(self.cases))
+        self.to_suite()
+        return self
+
+    def to_suite(self) -> EvalSuite:
+        """The core's suite (its rules: the name, case names unique)."""
+        try:
+            return EvalSuite(name=self.name, description=self.description, cases=tuple(self.cases))
+        except ValidationError as exc:
+            raise ValueError(_first_error(exc)) from None
+
+
+class EvalCaseCreate(_Body):
+    """A regression case made from an ended run of this organisation, added to a suite."""
+
+    run_id: UUID = Field(
+        description="an ended task run whose steps were recorded (the runtime's "
+        "record_decisions, on by default)"
+    )
+    case: Name | None = Field(
+        default=None,
+        description="the case's name (default: run-<runId>); a case of that name in the "
+        "suite is replaced",
+    )
+    description: Description = Field(default="", description="default: the run's goal")
+    checks: list[Check] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="default: the run's recorded status, and every decision as recorded",
+    )
+
+    @model_validator(mode="after")
+    def _valid_checks(self) -> EvalCaseCreate:
+        _storable("checks", list(self.checks or ()))
+        return self
+
+
+class EvalRunCreate(_Body):
+    suite: Name = Field(description="the suite's name")
+    version: StrictInt | None = Field(default=None, ge=1, description="default: the latest")
+    mode: EvalMode = Field(
+        default=EvalMode.REPLAY,
+        description="replay: the recorded model outputs answer the model calls (no model, "
+        "deterministic); live: the server's model answers. Either way the recorded results "
+        "answer the tools: nothing acts on the world",
+    )
+    judge: bool = Field(
+        default=False,
+        description="ask the server's model the model-scored checks (judge); else they are "
+        "skipped, not failed",
+    )
+    overrides: JsonObject | None = Field(
+        default=None,
+        description='DECIDE settings to change for this run, e.g. {"evaluation": "scores"} '
+        'or {"candidates": 1}; each case otherwise replays under the settings it was '
+        "recorded with",
+    )
+
+
+class EvalSuiteList(_Out):
+    suites: list[EvalSuiteSummary] = Field(description="each suite's latest version, by name")
+
+
+class EvalRunList(_Out):
+    runs: list[EvalRunSummary] = Field(description="newest first, without per-case results")
+
+
+def from_eval_suite(suite: EvalSuite) -> EvalSuiteSummary:
+    """A saved suite's summary (its version without the cases)."""
+    if suite.version is None or suite.digest is None or suite.created_at is None:
+        raise ValueError(f"suite {suite.name!r} is not saved: it has no version yet")
+    return EvalSuiteSummary(
+        name=suite.name,
+        version=suite.version,
+        description=suite.description,
+        cases=len(suite.cases),
+        digest=suite.digest,
+        created_at=suite.created_at,
+        created_by=suite.created_by,
+    )
