@@ -16,6 +16,15 @@ from cortex_ray.storage._leases import (
     exhausted_reason,
     fenced,
 )
+from cortex_ray.storage._protocols import (
+    AgentStore,
+    ApiKeyStore,
+    AuditLog,
+    PrincipalStore,
+    RunStore,
+    SessionStore,
+    UnitOfWork,
+)
 from cortex_ray.storage._stores import AuditEntry, Store
 from cortex_ray.storage._turns import (
     SessionMessage,
@@ -30,15 +39,21 @@ from cortex_ray.storage._turns import (
 )
 
 __all__ = [
+    "AgentStore",
+    "ApiKeyStore",
     "AuditEntry",
+    "AuditLog",
     "Conn",
     "Database",
     "EmbeddedPostgres",
     "LeaseHolder",
     "OrphanedRun",
+    "PrincipalStore",
     "RunLease",
     "RunLeases",
+    "RunStore",
     "SessionMessage",
+    "SessionStore",
     "Store",
     "StoredTurnEvent",
     "TurnClaim",
@@ -48,6 +63,7 @@ __all__ = [
     "TurnRef",
     "TurnStatus",
     "TurnStore",
+    "UnitOfWork",
     "exhausted_reason",
     "fenced",
     "migrate",
