@@ -8,6 +8,8 @@ from opentelemetry import trace
 import cortex_ray._tracing
 from cortex_ray._tracing import tracer
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(autouse=True)
 def _no_runtime_provider(monkeypatch: pytest.MonkeyPatch) -> None:
