@@ -4,8 +4,8 @@ without PostgreSQL.
 ``FakeDatabase`` is the unit of work: a ``transaction()`` yields a ``FakeTransaction`` whose
 writes apply on commit and vanish on an error, as PostgreSQL's would. ``FakeStore``
 implements ``PrincipalStore``, ``AgentStore``, ``RunStore``, ``SessionStore``,
-``ApiKeyStore`` and ``AuditLog`` with the real store's rules: every row scoped by
-organisation, the same exceptions for the same mistakes (``NotFoundError``,
+``ConversationLog``, ``ApiKeyStore`` and ``AuditLog`` with the real store's rules: every
+row scoped by organisation, the same exceptions for the same mistakes (``NotFoundError``,
 ``InvalidRequestError``, and psycopg's ``ForeignKeyViolation`` where the schema refuses a
 row that names a missing agent or session), API keys kept as SHA-256 hashes.
 ``tests/test_store_contract.py`` runs one set of tests against both, so they cannot drift.
@@ -38,7 +38,7 @@ from cortex_ray._types import (
     utcnow,
 )
 from cortex_ray.observability import scrub, scrub_text
-from cortex_ray.storage import AuditEntry
+from cortex_ray.storage import AuditEntry, SessionMessage
 
 __all__ = ["AUDIT_COLUMNS", "FakeDatabase", "FakeStore", "FakeTransaction"]
 
@@ -298,6 +298,14 @@ class FakeStore:
         turns = self.messages.get((org_id, session_id), [])
         return list(turns if limit is None else turns[max(len(turns) - limit, 0) :])
 
+    async def history(self, org_id: str, session_id: UUID) -> list[SessionMessage]:
+        """As ``TurnStore.history`` for a session whose messages were appended outside
+        any turn (the fake accepts no turns): each message, with no turn."""
+        return [
+            SessionMessage(role=t.role, content=t.content, tool=t.tool)
+            for t in self.messages.get((org_id, session_id), [])
+        ]
+
     async def append_messages(
         self, conn: FakeTransaction, org_id: str, session_id: UUID, turns: Sequence[Turn]
     ) -> None:
@@ -400,6 +408,7 @@ if TYPE_CHECKING:
         AgentStore,
         ApiKeyStore,
         AuditLog,
+        ConversationLog,
         PrincipalStore,
         RunStore,
         SessionStore,
@@ -415,4 +424,5 @@ if TYPE_CHECKING:
         runs: RunStore = store
         sessions: SessionStore = store
         keys: ApiKeyStore = store
-        del uow, audit, principals, agents, runs, sessions, keys
+        conversations: ConversationLog = store
+        del uow, audit, principals, agents, runs, sessions, keys, conversations

@@ -31,7 +31,7 @@ from cortex_ray._types import (
     utcnow,
 )
 from cortex_ray.observability import REDACTED, scrub_text
-from cortex_ray.storage import AuditEntry
+from cortex_ray.storage import AuditEntry, SessionMessage, TurnStore
 
 
 @dataclass
@@ -40,14 +40,17 @@ class Backend:
 
     db: Any
     store: Any
+    turns: Any
 
 
 @pytest.fixture(params=[pytest.param("fake", marks=pytest.mark.unit), "postgres"])
 def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "fake":
         db = FakeDatabase()
-        return Backend(db, FakeStore(db))
-    return Backend(request.getfixturevalue("db"), request.getfixturevalue("store"))
+        store = FakeStore(db)
+        return Backend(db, store, store)
+    db = request.getfixturevalue("db")
+    return Backend(db, request.getfixturevalue("store"), TurnStore(db))
 
 
 @pytest.fixture
@@ -304,6 +307,10 @@ async def test_a_conversation_keeps_committed_messages_in_order(
     assert await store.conversation(org, session.id) == [*said, *later]
     assert await store.conversation(org, session.id, limit=2) == [said[1], *later]
     assert await store.conversation(other_org, session.id) == []
+    assert await backend.turns.history(org, session.id) == [
+        SessionMessage(role=t.role, content=t.content, tool=t.tool) for t in [*said, *later]
+    ]
+    assert await backend.turns.history(other_org, session.id) == []
 
 
 # API keys -------------------------------------------------------------------------------

@@ -26,11 +26,13 @@ from cortex_ray._types import Agent, Principal, RunStatus, Session, TaskRun, Tur
 
 if TYPE_CHECKING:
     from cortex_ray.storage._stores import AuditEntry
+    from cortex_ray.storage._turns import SessionMessage
 
 __all__ = [
     "AgentStore",
     "ApiKeyStore",
     "AuditLog",
+    "ConversationLog",
     "PrincipalStore",
     "RunStore",
     "SessionStore",
@@ -153,6 +155,14 @@ class SessionStore(Protocol):
         ...
 
 
+class ConversationLog(Protocol):
+    """A conversation as a person reads it (``TurnStore``)."""
+
+    async def history(self, org_id: str, session_id: UUID) -> list[SessionMessage]:
+        """The ended turns' messages in order, then each pending turn's user message."""
+        ...
+
+
 class ApiKeyStore(Protocol):
     """Bearer API keys: handed out once, kept as a hash, revocable."""
 
@@ -173,8 +183,9 @@ class ApiKeyStore(Protocol):
 if TYPE_CHECKING:
     from cortex_ray.storage._database import Conn, Database
     from cortex_ray.storage._stores import Store
+    from cortex_ray.storage._turns import TurnStore
 
-    def _store_satisfies_the_protocols(store: Store, db: Database) -> None:
+    def _store_satisfies_the_protocols(store: Store, db: Database, turns: TurnStore) -> None:
         """Never called: mypy checks that the concrete classes are these protocols."""
         uow: UnitOfWork[Conn] = db
         audit: AuditLog[Conn] = store
@@ -183,4 +194,5 @@ if TYPE_CHECKING:
         runs: RunStore = store
         sessions: SessionStore = store
         keys: ApiKeyStore = store
-        del uow, audit, principals, agents, runs, sessions, keys
+        conversations: ConversationLog = turns
+        del uow, audit, principals, agents, runs, sessions, keys, conversations

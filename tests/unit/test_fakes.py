@@ -13,11 +13,13 @@ from cortex_ray.storage import (
     ApiKeyStore,
     AuditEntry,
     AuditLog,
+    ConversationLog,
     Database,
     PrincipalStore,
     RunStore,
     SessionStore,
     Store,
+    TurnStore,
     UnitOfWork,
 )
 
@@ -35,7 +37,17 @@ def _entry(org: str, tool: str) -> AuditEntry:
     )
 
 
-_PROTOCOLS = (AgentStore, ApiKeyStore, AuditLog, PrincipalStore, RunStore, SessionStore)
+_REAL: dict[type, type] = {
+    AgentStore: Store,
+    ApiKeyStore: Store,
+    AuditLog: Store,
+    ConversationLog: TurnStore,
+    PrincipalStore: Store,
+    RunStore: Store,
+    SessionStore: Store,
+    UnitOfWork: Database,
+}
+"""Each protocol and the class that implements it in production."""
 
 
 def _shape(function: object) -> list[tuple[str, object, object]]:
@@ -44,11 +56,11 @@ def _shape(function: object) -> list[tuple[str, object, object]]:
     return [(p.name, p.kind, p.default) for p in parameters if p.name != "self"]
 
 
-@pytest.mark.parametrize("protocol", [*_PROTOCOLS, UnitOfWork], ids=lambda p: p.__name__)
+@pytest.mark.parametrize("protocol", list(_REAL), ids=lambda p: p.__name__)
 def test_each_method_is_called_alike_on_the_protocol_the_store_and_the_fake(
     protocol: type,
 ) -> None:
-    real = Database if protocol is UnitOfWork else Store
+    real = _REAL[protocol]
     fake = FakeDatabase if protocol is UnitOfWork else FakeStore
     methods = [n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")]
     assert methods
