@@ -1,6 +1,6 @@
 """One contract for the store protocols, held by the in-memory fakes and the real store.
 
-Each test runs twice: against ``tests/fakes.py`` (marked ``unit``: no PostgreSQL is
+Each test runs twice: against ``tests/fakes/`` (marked ``unit``: no PostgreSQL is
 started) and against ``Store`` on the embedded PostgreSQL (the ``db`` fixture is asked
 for only by that variant). A fake that drifts from the real store fails here.
 """

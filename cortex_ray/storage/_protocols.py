@@ -3,7 +3,7 @@
 A use case takes the protocols it needs, not the concrete ``Store``: in production
 ``Store`` and ``Database`` satisfy them structurally (their signatures are these; the
 ``TYPE_CHECKING`` block at the end of this module has mypy prove it), and a unit test
-hands it the in-memory fakes of ``tests/fakes.py``, which ``tests/test_store_contract.py``
+hands it the in-memory fakes of ``tests/fakes/``, which ``tests/test_store_contract.py``
 holds to the same behaviour as the real store on PostgreSQL.
 
 Errors are part of the contract: a missing row raises ``NotFoundError``, a duplicate

@@ -1,5 +1,5 @@
 """The fast tier: tests of use cases and pure logic through the in-memory fakes of the store
-protocols (``tests/fakes.py``), with no PostgreSQL, Ray or model.
+protocols (``tests/fakes/``), with no PostgreSQL, Ray or model.
 
 Every test in this folder is marked ``unit`` (``pytest -m unit`` runs the tier: this folder,
 the modules elsewhere marked ``pytestmark = pytest.mark.unit``, and the fake variant of
