@@ -8,6 +8,8 @@ import pytest
 from cortex_ray import ActionType, Agent, AgentMode, Grant, Principal, PrincipalKind
 from cortex_ray.access import AccessControlService
 
+pytestmark = pytest.mark.unit
+
 ACCESS = AccessControlService()
 TOOLS = ("memory_search", "remember_fact", "current_time", "reply")
 

@@ -31,6 +31,8 @@ from cortex_ray.act import ToolRegistry, builtin_tools
 from cortex_ray.models import ChatMessage
 from cortex_ray.perceive import PromptComposer
 
+pytestmark = pytest.mark.unit
+
 GOLDEN = Path(__file__).with_name("golden")
 AGENT = UUID("00000000-0000-4000-8000-000000000001")
 WHEN = datetime(2026, 11, 29, 9, 30, tzinfo=UTC)

@@ -14,6 +14,8 @@ from cortex_ray.decide._autonomous import (
     score_schema,
 )
 
+pytestmark = pytest.mark.unit
+
 SEARCH = ToolSpec(
     name="memory_search",
     description="search",

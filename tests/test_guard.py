@@ -23,6 +23,8 @@ from cortex_ray.models import (
 from cortex_ray.models.openai_compatible import OpenAICompatibleClient
 from cortex_ray.models.openai_embeddings import OpenAICompatibleEmbedder
 
+pytestmark = pytest.mark.unit
+
 # TEST-NET-3 (RFC 5737): never routed, so nothing may ever be sent there.
 REMOTE = "http://203.0.113.1:8000/v1"
 

@@ -19,6 +19,8 @@ from cortex_ray.knowledge import (
     scan_file,
 )
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("name", "fmt"),

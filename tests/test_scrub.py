@@ -16,6 +16,8 @@ from cortex_ray.observability import (
     scrub_text,
 )
 
+pytestmark = pytest.mark.unit
+
 # Real formats (made-up values of the right length and alphabet).
 SECRETS = {
     "aws access key id": "AKIAIOSFODNN7EXAMPLE",

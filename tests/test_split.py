@@ -19,6 +19,8 @@ from cortex_ray.knowledge import (
     split_stream,
 )
 
+pytestmark = pytest.mark.unit
+
 MD = b"""Preamble line
 still preamble
 

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from bench_modules import load_bench
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "bench" / "data" / "bfcl-tools"
 FILES = ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv")

@@ -8,6 +8,8 @@ from opentelemetry import trace
 import cortex_ray.observability._spans
 from cortex_ray.observability import tracer
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(autouse=True)
 def _no_runtime_provider(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,16 @@ from cortex_ray.storage._leases import (
     exhausted_reason,
     fenced,
 )
+from cortex_ray.storage._protocols import (
+    AgentStore,
+    ApiKeyStore,
+    AuditLog,
+    ConversationLog,
+    PrincipalStore,
+    RunStore,
+    SessionStore,
+    UnitOfWork,
+)
 from cortex_ray.storage._stores import AuditEntry, Store
 from cortex_ray.storage._turns import (
     SessionMessage,
@@ -30,15 +40,22 @@ from cortex_ray.storage._turns import (
 )
 
 __all__ = [
+    "AgentStore",
+    "ApiKeyStore",
     "AuditEntry",
+    "AuditLog",
     "Conn",
+    "ConversationLog",
     "Database",
     "EmbeddedPostgres",
     "LeaseHolder",
     "OrphanedRun",
+    "PrincipalStore",
     "RunLease",
     "RunLeases",
+    "RunStore",
     "SessionMessage",
+    "SessionStore",
     "Store",
     "StoredTurnEvent",
     "TurnClaim",
@@ -48,6 +65,7 @@ __all__ = [
     "TurnRef",
     "TurnStatus",
     "TurnStore",
+    "UnitOfWork",
     "exhausted_reason",
     "fenced",
     "migrate",
