@@ -14,10 +14,10 @@ tables (see STYLE.md: we do not write CLI parsing or progress bars by hand). Set
 from the environment (``CORTEX_*``); every command opens the runtime, does one thing and
 closes it again, which also stops the embedded PostgreSQL when this process started it.
 
-Exit codes: 0 success; 1 a cortex-ray error (not found, storage, configuration, model);
-2 invalid input; 3 a run that ended FAILED; 4 an eval run with a failing case; 5 a run a
-person cancelled (CANCELLED); 130
-interrupted (SIGINT); 143 stopped (SIGTERM).
+Exit codes (``_common``): 0 success; 1 a cortex-ray error (not found, storage,
+configuration, model); 2 invalid input; 3 a run that ended FAILED; 4 an eval run with a
+failing case; 5 a run a person cancelled (CANCELLED); 130 interrupted (SIGINT); 143
+stopped (SIGTERM).
 """
 
 from __future__ import annotations
