@@ -11,7 +11,6 @@ the ingestion job: ``ray job submit --working-dir . -- python -m jobs.backfill .
 from __future__ import annotations
 
 import json
-import sys
 import time
 from typing import Annotated, Any
 
@@ -19,11 +18,17 @@ import numpy as np
 import typer
 from numpy.typing import NDArray
 
-from cortex_ray import CortexError, Interrupted, load_settings, stop_on_signals
+from cortex_ray import CortexError, stop_on_signals
 from cortex_ray.knowledge import KnowledgeWriter
-from cortex_ray.storage import migrate
-from jobs._ray import join_or_start_ray
-from jobs.ingest import _resolve_dsn, _shown_default, job_default, job_options
+from jobs._entry import (
+    EXIT_INVALID,
+    fail,
+    job_default,
+    job_options,
+    job_settings,
+    run_job,
+    shown_default,
+)
 
 __all__ = ["Embedder", "backfill", "main"]
 
@@ -101,24 +106,17 @@ def main(
     limit: Annotated[int | None, typer.Option("--limit", min=1)] = None,
     # Unset flags take Settings.ingest (CORTEX_INGEST__BACKFILL_BATCH, ..._NUM_GPUS).
     batch: Annotated[
-        int | None, typer.Option("--batch", show_default=_shown_default("backfill_batch"))
+        int | None, typer.Option("--batch", show_default=shown_default("backfill_batch"))
     ] = None,
     num_gpus: Annotated[
         float | None,
-        typer.Option("--num-gpus", show_default=_shown_default("backfill_num_gpus")),
+        typer.Option("--num-gpus", show_default=shown_default("backfill_num_gpus")),
     ] = None,
     address: Annotated[str | None, typer.Option("--address")] = None,
     database_url: Annotated[str | None, typer.Option("--database-url")] = None,
 ) -> None:
     """Embed a collection's published passages that have no vector yet."""
-    import ray
-
-    try:
-        settings = load_settings()
-        dsn, embedded = _resolve_dsn(database_url, settings)
-    except CortexError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+    settings = job_settings()
     try:
         job = job_options(
             settings,
@@ -127,15 +125,11 @@ def main(
             backfill_num_gpus=num_gpus,
         )
     except CortexError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        if embedded is not None:
-            embedded.stop()
-        raise typer.Exit(2) from None
+        fail(str(exc), EXIT_INVALID)
     started = time.perf_counter()
-    started_ray = False
-    try:
-        migrate(dsn)
-        started_ray = join_or_start_ray(address, settings.data_dir)
+
+    def work(dsn: str | None) -> str:
+        assert dsn is not None
         n = backfill(
             org,
             collection,
@@ -144,20 +138,10 @@ def main(
             batch=job.backfill_batch,
             num_gpus=job.backfill_num_gpus,
         )
-    except CortexError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    except Interrupted as exc:
-        # Vectors written so far stay (each batch commits); a rerun embeds the rest.
-        typer.echo(f"interrupted by {exc}", err=True)
-        raise typer.Exit(exc.exit_code) from None
-    finally:
-        if started_ray:
-            ray.shutdown()
-        if embedded is not None:
-            embedded.stop()
-    seconds = round(time.perf_counter() - started, 3)
-    sys.stdout.write(json.dumps({"embedded": n, "seconds": seconds}) + "\n")
+        return json.dumps({"embedded": n, "seconds": round(time.perf_counter() - started, 3)})
+
+    # Vectors written so far stay when interrupted (each batch commits); a rerun embeds the rest.
+    run_job(work, settings=settings, database_url=database_url, address=address)
 
 
 if __name__ == "__main__":

@@ -27,12 +27,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 from uuid import UUID
 
 import pyarrow as pa
@@ -40,7 +39,6 @@ import typer
 
 from cortex_ray import (
     CortexError,
-    Interrupted,
     InvalidRequestError,
     Settings,
     load_settings,
@@ -49,6 +47,18 @@ from cortex_ray import (
 from cortex_ray.graph import (
     MODEL,
     BatchOutcome,
+    ExtractActors,
+    ExtractAddress,
+    ExtractBatch,
+    ExtractCollection,
+    ExtractDatabaseUrl,
+    ExtractInFlight,
+    ExtractModelVersion,
+    ExtractNumGpus,
+    ExtractOrg,
+    ExtractRequest,
+    ExtractSinceVersion,
+    ExtractSources,
     GraphWriter,
     PublishedVersion,
     extract_batch,
@@ -56,9 +66,7 @@ from cortex_ray.graph import (
     plan_batches,
 )
 from cortex_ray.models import BACKGROUND_PRIORITY, ModelClient, open_models
-from cortex_ray.storage import migrate
-from jobs._ray import join_or_start_ray
-from jobs.ingest import _resolve_dsn, _shown_default, job_default, job_options
+from jobs._entry import EXIT_INVALID, fail, job_default, job_options, job_settings, run_job
 
 __all__ = ["ExtractOptions", "ModelExtractReport", "ModelExtractor", "main", "run_model_extraction"]
 
@@ -340,59 +348,27 @@ def _run_async(coro: Any) -> Any:
 
 
 def main(
-    org: Annotated[str, typer.Option("--org", help="The organisation.")],
-    collection: Annotated[
-        str | None, typer.Option("--collection", help="Only this collection's versions.")
-    ] = None,
-    source: Annotated[
-        list[str] | None, typer.Option("--source", help="Only this source id (repeatable).")
-    ] = None,
-    since_version: Annotated[
-        int | None, typer.Option("--since-version", min=1, help="Only versions numbered ≥ N.")
-    ] = None,
-    model_version: Annotated[
-        str | None,
-        typer.Option(
-            "--model-version",
-            help="The model's name/version recorded on its facts (default CORTEX_MODEL_NAME).",
-        ),
-    ] = None,
-    batch: Annotated[
-        int | None, typer.Option("--batch", show_default=_shown_default("graph_model_batch"))
-    ] = None,
-    actors: Annotated[
-        int | None, typer.Option("--actors", show_default=_shown_default("graph_model_actors"))
-    ] = None,
-    in_flight: Annotated[
-        int | None,
-        typer.Option("--in-flight", show_default=_shown_default("graph_model_in_flight")),
-    ] = None,
-    num_gpus: Annotated[
-        float | None,
-        typer.Option("--num-gpus", show_default=_shown_default("graph_model_num_gpus")),
-    ] = None,
-    address: Annotated[str | None, typer.Option("--address", help="Ray address.")] = None,
-    database_url: Annotated[
-        str | None,
-        typer.Option(
-            "--database-url",
-            help="PostgreSQL DSN (default CORTEX_DATABASE_URL, else the embedded server).",
-        ),
-    ] = None,
+    org: ExtractOrg,
+    collection: ExtractCollection = None,
+    source: ExtractSources = None,
+    since_version: ExtractSinceVersion = None,
+    model_version: ExtractModelVersion = None,
+    batch: ExtractBatch = None,
+    actors: ExtractActors = None,
+    in_flight: ExtractInFlight = None,
+    num_gpus: ExtractNumGpus = None,
+    address: ExtractAddress = None,
+    database_url: ExtractDatabaseUrl = None,
 ) -> None:
     """Extract entities and relationships from published passages with the chat model."""
-    import ray
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    request = ExtractRequest(
+        org=org, collection=collection, source=tuple(source or ()),
+        since_version=since_version, model_version=model_version, batch=batch, actors=actors,
+        in_flight=in_flight, num_gpus=num_gpus, address=address, database_url=database_url,
+    )  # fmt: skip
+    settings = job_settings()
     try:
-        settings = load_settings()
-    except CortexError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    try:
-        if not collection and not source:
-            raise InvalidRequestError("give --collection or --source (what to extract)")
-        sources = [str(UUID(s)) for s in source or ()]
+        sources = request.source_ids()
         job = job_options(
             settings,
             {
@@ -406,10 +382,8 @@ def main(
             graph_model_in_flight=in_flight,
             graph_model_num_gpus=num_gpus,
         )
-    except (InvalidRequestError, ValueError) as exc:  # or a --source that is no UUID
-        text = str(exc) if isinstance(exc, InvalidRequestError) else f"--source: {exc}"
-        typer.echo(f"error: {text}", err=True)
-        raise typer.Exit(2) from None
+    except InvalidRequestError as exc:
+        fail(str(exc), EXIT_INVALID)
     options = ExtractOptions(
         batch_passages=job.graph_model_batch,
         batch_chars=job.graph_model_batch_chars,
@@ -418,12 +392,9 @@ def main(
         retries=job.graph_model_retries,
         max_tokens=job.graph_model_max_tokens,
     )
-    embedded = None
-    started_ray = False
-    try:
-        dsn, embedded = _resolve_dsn(database_url, settings)
-        migrate(dsn)
-        started_ray = join_or_start_ray(address, settings.data_dir, num_cpus=job.num_cpus)
+
+    def work(dsn: str | None) -> str:
+        assert dsn is not None
         report = run_model_extraction(
             org,
             dsn=dsn,
@@ -436,20 +407,16 @@ def main(
             num_gpus=job.graph_model_num_gpus,
             settings=settings,
         )
-    except CortexError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    except Interrupted as exc:
-        # Versions finished so far are recorded; a rerun extracts the rest.
-        typer.echo(f"interrupted by {exc}", err=True)
-        raise typer.Exit(exc.exit_code) from None
-    finally:
-        if started_ray:
-            ray.shutdown()
-        if embedded is not None:
-            embedded.stop()
-    sys.stdout.write(json.dumps(asdict(report)) + "\n")
-    sys.stdout.flush()
+        return json.dumps(asdict(report))
+
+    # Versions finished when interrupted are recorded; a rerun extracts the rest.
+    run_job(
+        work,
+        settings=settings,
+        database_url=database_url,
+        address=address,
+        num_cpus=job.num_cpus,
+    )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ or Bolt error, 2 invalid arguments.
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 from dataclasses import asdict
@@ -22,10 +21,9 @@ from typing import Annotated
 
 import typer
 
-from cortex_ray import CortexError, Interrupted, load_settings, stop_on_signals
+from cortex_ray import stop_on_signals
 from cortex_ray.graph import Projector, open_driver
-from cortex_ray.storage import migrate
-from jobs.ingest import _resolve_dsn
+from jobs._entry import EXIT_INVALID, fail, job_settings, run_job
 
 __all__ = ["main"]
 
@@ -51,25 +49,17 @@ def main(
     follow: Annotated[bool, typer.Option("--follow", help="Keep draining until stopped.")] = False,
 ) -> None:
     """Project the context graph's outbox into Neo4j."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if wipe and not rebuild:
-        typer.echo("error: --wipe only goes with --rebuild", err=True)
-        raise typer.Exit(2)
-    try:
-        settings = load_settings()
-    except CortexError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        fail("--wipe only goes with --rebuild", EXIT_INVALID)
+    settings = job_settings()
     options = settings.graph
-    uri = uri or options.uri
-    if not uri:
-        typer.echo("error: no Bolt server: give --uri or set CORTEX_GRAPH__URI", err=True)
-        raise typer.Exit(2)
-    embedded = None
-    try:
-        dsn, embedded = _resolve_dsn(database_url, settings)
-        migrate(dsn)
-        driver = open_driver(uri, user or options.user, password or options.password or "")
+    bolt = uri or options.uri
+    if not bolt:
+        fail("no Bolt server: give --uri or set CORTEX_GRAPH__URI", EXIT_INVALID)
+
+    def work(dsn: str | None) -> None:
+        assert dsn is not None
+        driver = open_driver(bolt, user or options.user, password or options.password or "")
         try:
             with Projector(
                 dsn,
@@ -87,18 +77,16 @@ def main(
                     time.sleep(options.poll_s)
         finally:
             driver.close()
-    except CortexError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    except Interrupted as exc:
-        typer.echo(f"interrupted by {exc}: the watermark stands at the last batch", err=True)
-        raise typer.Exit(exc.exit_code) from None
-    except Exception as exc:  # the driver's errors: unreachable server, bad credentials
-        typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
-        raise typer.Exit(1) from None
-    finally:
-        if embedded is not None:
-            embedded.stop()
+
+    # Needs no Ray; the driver's own errors (unreachable server, bad credentials) exit 1.
+    run_job(
+        work,
+        settings=settings,
+        database_url=database_url,
+        on_ray=False,
+        interrupted=": the watermark stands at the last batch",
+        foreign_errors=True,
+    )
 
 
 def _print(report: dict[str, object]) -> None:

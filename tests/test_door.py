@@ -109,7 +109,7 @@ def test_the_domain_never_imports_the_door() -> None:
     core = DOOR.parent
     offenders = []
     for path in core.rglob("*.py"):
-        if DOOR in path.parents or path.parent == core:
+        if DOOR in path.parents or path.parent == core or core / "cli" in path.parents:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(

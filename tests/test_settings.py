@@ -260,8 +260,9 @@ def test_the_openai_embedder_takes_the_schema_dimension_and_the_settings() -> No
 
 
 def test_job_defaults_are_the_settings_defaults() -> None:
+    from jobs._entry import job_default
     from jobs.backfill import backfill
-    from jobs.ingest import job_default, run_ingest
+    from jobs.ingest import run_ingest
 
     assert job_default("max_passage_bytes") == DEFAULT_MAX_PASSAGE_BYTES
     assert job_default("max_line_bytes") == DEFAULT_MAX_LINE_BYTES
@@ -276,7 +277,7 @@ def test_job_defaults_are_the_settings_defaults() -> None:
 def test_job_flags_override_the_settings_within_their_limits(
     clean_env: pytest.MonkeyPatch,
 ) -> None:
-    from jobs.ingest import job_options
+    from jobs._entry import job_options
 
     clean_env.setenv("CORTEX_INGEST__BACKFILL_BATCH", "64")
     clean_env.setenv("CORTEX_INGEST__NUM_CPUS", "2")

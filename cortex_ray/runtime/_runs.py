@@ -23,6 +23,8 @@ from cortex_ray.observability import (
     submission_span,
 )
 from cortex_ray.observability.diagnostics import Diagnosis
+from cortex_ray.runtime._follow import Drive, OnBusy
+from cortex_ray.runtime._follow import resume_or_wait as follow_run
 from cortex_ray.runtime._gate import UseCaseGate
 from cortex_ray.runtime._traces import Traces
 from cortex_ray.storage import LeaseHolder, Store
@@ -224,6 +226,24 @@ class RunUseCases:
             await self.gate.audited(caller, UseCase.TASKS_RESUME, org_id, run_id=run.id)
             return await self.cycle.resume(org_id, run_id, on_step=on_step, owner=self.driver_id)
         return run
+
+    async def resume_or_wait(
+        self,
+        org_id: str,
+        run: TaskRun,
+        *,
+        principal: Principal,
+        wait: bool,
+        on_busy: OnBusy,
+        drive: Drive | None = None,
+    ) -> TaskRun:
+        """Follow a RUNNING run to its end from here (``cortex-ray runs resume [--wait]``):
+        drive it, or, while another driver holds its lease, tell ``on_busy`` and either
+        leave it to that driver or wait, taking it over when its lease falls free."""
+        return await follow_run(
+            self, org_id, run, principal=principal, wait=wait, on_busy=on_busy, drive=drive,
+            poll_s=min(1.0, self.settings.runs.lease_renew_s),
+        )  # fmt: skip
 
     async def run_lease(
         self, org_id: str, run_id: UUID, *, principal: Principal | None = None

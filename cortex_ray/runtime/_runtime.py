@@ -175,6 +175,7 @@ class Runtime:
     run_autonomous = delegate("_runs", RunUseCases.run_autonomous)
     resume_run = delegate("_runs", RunUseCases.resume_run)
     run_lease = delegate("_runs", RunUseCases.run_lease)
+    resume_or_wait = delegate("_runs", RunUseCases.resume_or_wait)
     cancel_run = delegate("_runs", RunUseCases.cancel_run)
     list_runs = delegate("_runs", RunUseCases.list_runs)
     get_run = delegate("_runs", RunUseCases.get_run)

@@ -1,5 +1,5 @@
-"""``cortex-ray workflow ...``: the workflow use cases from the command line (issue 18,
-point 5). Each command parses, calls ``Runtime.workflows`` as the operator, renders."""
+"""``cortex-ray workflow ...``: workflow definitions, immutable versions, runs and their
+ledgers. Each command parses, calls ``Runtime.workflows`` as the operator, renders."""
 
 from __future__ import annotations
 
@@ -13,21 +13,26 @@ from rich.text import Text
 
 from cortex_ray._exceptions import InvalidRequestError
 from cortex_ray._types import Principal, RunMode
+from cortex_ray.cli._common import (
+    err,
+    execute,
+    list_table,
+    open_runtime,
+    org_of,
+    out,
+    parse_uuid,
+    shorten,
+)
+from cortex_ray.cli._runview import drive_live, print_run, run_exit_code
 from cortex_ray.governance import WorkflowVersionSpec
 
 __all__ = ["workflow_app"]
+
 
 workflow_app = typer.Typer(
     help="Workflows: definitions, immutable versions, runs and their ledgers.",
     no_args_is_help=True,
 )
-
-
-def _cli() -> Any:
-    """``cortex_ray.cli``, imported when a command runs (it registers these at its end)."""
-    from cortex_ray import cli
-
-    return cli
 
 
 def _json(text: str, what: str) -> Any:
@@ -62,17 +67,17 @@ def workflow_create(
     description: Annotated[str, typer.Option("--description", help="What it is for.")] = "",
 ) -> None:
     """Define a workflow (then publish a version of it)."""
-    org = _cli()._org(ctx)
+    org = org_of(ctx)
 
     async def work() -> int:
-        async with _cli()._runtime(with_models=False) as runtime:
+        async with open_runtime(with_models=False) as runtime:
             made = await runtime.workflows.create(
                 org, name, description=description, principal=Principal.operator(org)
             )
-        _cli()._out.print(Text(f"workflow {made.name} ({made.id}) defined in {org}"))
+        out.print(Text(f"workflow {made.name} ({made.id}) defined in {org}"))
         return 0
 
-    _cli()._execute(work())
+    execute(work())
 
 
 @workflow_app.command("publish")
@@ -92,39 +97,39 @@ def workflow_publish(
     ] = None,
 ) -> None:
     """Publish a new, immutable version."""
-    org = _cli()._org(ctx)
+    org = org_of(ctx)
 
     async def work() -> int:
         spec = _spec(version_spec)
-        async with _cli()._runtime(with_models=False) as runtime:
+        async with open_runtime(with_models=False) as runtime:
             made, fresh = await runtime.workflows.publish(
                 org, name, spec, version=version, principal=Principal.operator(org)
             )
         what = "published" if fresh else "already published with this spec"
-        _cli()._out.print(Text(f"workflow {made.label} {what} ({made.id})"))
+        out.print(Text(f"workflow {made.label} {what} ({made.id})"))
         return 0
 
-    _cli()._execute(work())
+    execute(work())
 
 
 @workflow_app.command("list")
 def workflow_list(ctx: typer.Context) -> None:
     """The organisation's workflows and their latest versions."""
-    org = _cli()._org(ctx)
+    org = org_of(ctx)
 
     async def work() -> int:
-        async with _cli()._runtime(with_models=False) as runtime:
+        async with open_runtime(with_models=False) as runtime:
             found = await runtime.workflows.list_workflows(org, principal=Principal.operator(org))
-        table = _cli()._list_table(f"workflows in {org}")
+        table = list_table(f"workflows in {org}")
         for column in ("name", "latest", "description"):
             table.add_column(column, overflow="fold")
         for w in found:
             latest = "" if w.latest_version is None else f"v{w.latest_version}"
             table.add_row(w.name, latest, Text(w.description))
-        _cli()._out.print(table)
+        out.print(table)
         return 0
 
-    _cli()._execute(work())
+    execute(work())
 
 
 @workflow_app.command("show")
@@ -132,14 +137,14 @@ def workflow_show(
     ctx: typer.Context, name: Annotated[str, typer.Argument(help="The workflow.")]
 ) -> None:
     """A workflow's versions: allow-list, gates, evidence, risk, default mode."""
-    org = _cli()._org(ctx)
+    org = org_of(ctx)
 
     async def work() -> int:
-        async with _cli()._runtime(with_models=False) as runtime:
+        async with open_runtime(with_models=False) as runtime:
             found, versions = await runtime.workflows.get(
                 org, name, principal=Principal.operator(org)
             )
-        table = _cli()._list_table(f"workflow {found.name}")
+        table = list_table(f"workflow {found.name}")
         for column in ("version", "mode", "risk", "allows", "approval", "evidence"):
             table.add_column(column, overflow="fold")
         for v in versions:
@@ -152,10 +157,10 @@ def workflow_show(
             table.add_row(
                 str(v.version), v.default_mode.value, v.risk.value, allows, gates, evidence
             )
-        _cli()._out.print(table)
+        out.print(table)
         return 0
 
-    _cli()._execute(work())
+    execute(work())
 
 
 @workflow_app.command("run")
@@ -171,21 +176,21 @@ def workflow_run(
     max_steps: Annotated[int | None, typer.Option("--max-steps")] = None,
 ) -> None:
     """Run a workflow here. Exit 0 if COMPLETED, 3 if FAILED."""
-    org = _cli()._org(ctx)
+    org = org_of(ctx)
 
     async def work() -> int:
         data = _json(inputs, "--inputs")
-        async with _cli()._runtime(with_models=True) as runtime:
+        async with open_runtime(with_models=True) as runtime:
             run = await runtime.workflows.start_run(
                 org, name, agent, data, version=version, run_mode=run_mode,
                 max_steps=max_steps, principal=Principal.operator(org),
             )  # fmt: skip
             found = await runtime.get_agent(org, run.agent_id, principal=Principal.operator(org))
-            run = await _cli()._drive_live(runtime, org, run, found, resume=False)
-            _cli()._print_run(run, found.name)
-            return int(_cli()._run_exit_code(run))
+            run = await drive_live(runtime, org, run, found, resume=False)
+            print_run(run, found.name)
+            return run_exit_code(run)
 
-    _cli()._execute(work())
+    execute(work())
 
 
 @workflow_app.command("ledger")
@@ -205,11 +210,11 @@ def workflow_ledger(
 ) -> None:
     """A run's ledger: one timeline of proposals, gate decisions, approvals, evidence, a
     page of events at a time (--limit; then --after the cursor printed at the end)."""
-    org = _cli()._org(ctx)
+    org = org_of(ctx)
 
     async def work() -> int:
-        key = _cli()._parse_uuid(run_id, "run")
-        async with _cli()._runtime(with_models=False) as runtime:
+        key = parse_uuid(run_id, "run")
+        async with open_runtime(with_models=False) as runtime:
             ledger = await runtime.workflows.ledger(
                 org,
                 key,
@@ -223,7 +228,7 @@ def workflow_ledger(
             return 0
         which = "no workflow" if ledger.workflow is None else f"{ledger.workflow} v{ledger.version}"
         title = f"run {ledger.run_id}: {which}, {ledger.run_mode.value}, {ledger.status}"
-        table = _cli()._list_table(title)
+        table = list_table(title)
         for column in ("#", "step", "event", "tool", "outcome", "detail"):
             table.add_column(column, overflow="fold")
         for e in ledger.events:
@@ -238,14 +243,14 @@ def workflow_ledger(
                 e.kind,
                 e.tool or "",
                 e.outcome or "",
-                Text(_cli()._shorten(detail, 100)),
+                Text(shorten(detail, 100)),
             )
-        _cli()._out.print(table)
+        out.print(table)
         if ledger.next_after is not None:
-            _cli()._err.print(Text(f"more events: --after {ledger.next_after}"), soft_wrap=True)
+            err.print(Text(f"more events: --after {ledger.next_after}"), soft_wrap=True)
         return 0
 
-    _cli()._execute(work())
+    execute(work())
 
 
 @workflow_app.command("acceptance")
@@ -254,14 +259,14 @@ def workflow_acceptance(
     name: Annotated[str | None, typer.Option("--workflow", help="Only this workflow.")] = None,
 ) -> None:
     """Acceptance of shadow runs per workflow version: runs, labels, proposals, rate."""
-    org = _cli()._org(ctx)
+    org = org_of(ctx)
 
     async def work() -> int:
-        async with _cli()._runtime(with_models=False) as runtime:
+        async with open_runtime(with_models=False) as runtime:
             rows = await runtime.workflows.acceptance(
                 org, name=name, principal=Principal.operator(org)
             )
-        table = _cli()._list_table(f"shadow runs per workflow in {org}")
+        table = list_table(f"shadow runs per workflow in {org}")
         for column in ("workflow", "version", "runs", "labelled", "accepted", "proposals", "rate"):
             table.add_column(column)
         for r in rows:
@@ -272,7 +277,7 @@ def workflow_acceptance(
                 *(str(v) for v in (r.runs, r.labelled, r.accepted, r.proposals)),
                 rate,
             )
-        _cli()._out.print(table)
+        out.print(table)
         return 0
 
-    _cli()._execute(work())
+    execute(work())
