@@ -85,7 +85,7 @@ async def main(calls: int, blocks: int) -> int:
         crm = Connector(name="crm", sensitive_fields=("email", "ssn"))
         bare = ToolDispatcher(ToolRegistry([bare_tool]), AccessControlService(), store, settings)
         gates = {"bare": bare}
-        for name, cache_s in (("governed", settings.grant_cache_s), ("uncached", 0.0)):
+        for name, cache_s in (("governed", settings.governance.grant_cache_s), ("uncached", 0.0)):
             gates[name] = ToolDispatcher(
                 ToolRegistry([governed_tool]),
                 AccessControlService(),

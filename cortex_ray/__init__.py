@@ -30,17 +30,6 @@ from cortex_ray._exceptions import (
 )
 from cortex_ray._executor import Executor, InProcessExecutor
 from cortex_ray._runtime import ApiKeyCreated, ApiKeyRevoked, Runtime
-from cortex_ray._settings import (
-    ApiOptions,
-    DiagnosticsOptions,
-    IngestJobOptions,
-    LocalSpans,
-    RunPolicy,
-    SessionPolicy,
-    Settings,
-    TracingOptions,
-    load_settings,
-)
 from cortex_ray._shutdown import (
     Interrupted,
     SignalGuard,
@@ -85,6 +74,17 @@ from cortex_ray._types import (
     TurnEventKind,
     TurnResult,
     WorkingMemory,
+)
+from cortex_ray.settings import (
+    ApiOptions,
+    DiagnosticsOptions,
+    IngestJobOptions,
+    LocalSpans,
+    RunPolicy,
+    SessionPolicy,
+    Settings,
+    TracingOptions,
+    load_settings,
 )
 
 __all__ = [

@@ -88,7 +88,7 @@ async def pause_for_approval(
         evidence=evidence,
         reason=audit.reason or "",
         requested_by=run.requested_by or audit.principal_id,
-        expires_at=utcnow() + timedelta(seconds=cycle.settings.approval_ttl_s),
+        expires_at=utcnow() + timedelta(seconds=cycle.settings.governance.approval_ttl_s),
     )
     async with cycle.leases.fenced(lease) as conn:
         if clear_intent:
@@ -208,7 +208,7 @@ async def await_turn_approval(
         ],
         reason=audit.reason or "",
         requested_by=turn.caller_id,
-        expires_at=utcnow() + timedelta(seconds=cycle.settings.approval_ttl_s),
+        expires_at=utcnow() + timedelta(seconds=cycle.settings.governance.approval_ttl_s),
     )
     approval = await store.put_turn_approval(wanted)
     await emit(
@@ -223,7 +223,7 @@ async def await_turn_approval(
             expires_at=approval.expires_at,
         )
     )
-    poll = cycle.settings.approval_poll_s
+    poll = cycle.settings.governance.approval_poll_s
     while approval.status is ApprovalStatus.PENDING:
         left = (approval.expires_at - utcnow()).total_seconds()
         if left <= 0:

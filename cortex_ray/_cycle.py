@@ -34,7 +34,6 @@ from cortex_ray._exceptions import (
     InvalidRequestError,
     LeaseLost,
 )
-from cortex_ray._settings import DECIDE_SETTINGS, Settings
 from cortex_ray._tracing import (
     GEN_AI_AGENT_ID,
     GEN_AI_AGENT_NAME,
@@ -86,6 +85,7 @@ from cortex_ray.learn import Learner
 from cortex_ray.models import recording
 from cortex_ray.observability import diagnostics, metrics
 from cortex_ray.perceive import WorkingMemoryAssembler, shown_note
+from cortex_ray.settings import DECIDE_SETTINGS, Settings, setting_value
 from cortex_ray.storage import AuditEntry, Database, RunLease, RunLeases, Store, TurnLease
 
 __all__ = [
@@ -150,7 +150,9 @@ class DecisionCycle:
         self.interactive = interactive
         self.learner = learner
         self.leases = RunLeases(db)  # one driver per run: held, renewed, fenced writes
-        self.approvals = GovernanceStore(db, payload_inline_bytes=settings.payload_inline_bytes)
+        self.approvals = GovernanceStore(
+            db, payload_inline_bytes=settings.tools.payload_inline_bytes
+        )
         self.workflows = WorkflowStore(db)  # a workflow run's allow-list and evidence
 
     # the shared step ----------------------------------------------------------------------
@@ -205,7 +207,7 @@ class DecisionCycle:
                     decision = await decide(wm)  # DECIDE
                     took = (time.perf_counter() - started) * 1000
                 seen = wm.model_copy(update={"observations": (), "conversation": ()})
-                used = {k: getattr(self.settings, k) for k in DECIDE_SETTINGS}
+                used = {k: setting_value(self.settings, k) for k in DECIDE_SETTINGS}
                 kept = StepRecording(
                     wm=seen, model_calls=tuple(tape), decide_ms=round(took, 3), settings=used
                 )
@@ -578,7 +580,7 @@ class DecisionCycle:
                 step_index=step_index,
                 max_steps=run.max_steps,
                 before_act=make_intent_durable,
-                record=self.settings.record_decisions,
+                record=self.settings.decide.record_decisions,
             )
             decision = cycle.decision
             metrics.record(
@@ -773,7 +775,7 @@ class DecisionCycle:
 
         agent = await self.store.get_agent(session.org_id, session.agent_id)
         history = await self.store.conversation(
-            session.org_id, session.id, limit=self.settings.conversation_window
+            session.org_id, session.id, limit=self.settings.decide.conversation_window
         )
         user_turn = Turn(role="user", content=message)
         ctx = InvocationContext(
@@ -799,9 +801,9 @@ class DecisionCycle:
             # the request's trace, wherever the turn is driven (a session actor, a recovery)
             context=context_of(lease.turn.trace_parent if lease is not None else None),
         ):
-            for round_index in range(self.settings.max_tool_rounds + 1):
+            for round_index in range(self.settings.decide.max_tool_rounds + 1):
                 # The last round may only reply: the bound on tool rounds.
-                last = round_index == self.settings.max_tool_rounds
+                last = round_index == self.settings.decide.max_tool_rounds
 
                 async def decide_now(wm: WorkingMemory, allow_tools: bool = not last) -> Decision:
                     return await self.interactive.decide(wm, allow_tools=allow_tools)

@@ -51,7 +51,6 @@ from cortex_ray._exceptions import (
     NotFoundError,
     UnavailableError,
 )
-from cortex_ray._settings import Settings, load_settings
 from cortex_ray._tracing import GEN_AI_AGENT_NAME, current_traceparent, submission_span
 from cortex_ray._types import (
     Agent,
@@ -134,6 +133,7 @@ from cortex_ray.models import (
 from cortex_ray.observability import RunTrace, Tracing, metrics
 from cortex_ray.observability.diagnostics import Diagnosis
 from cortex_ray.perceive import PromptComposer, ToolRetriever, WorkingMemoryAssembler
+from cortex_ray.settings import Settings, load_settings
 from cortex_ray.storage import (
     AuditEntry,
     Database,
@@ -220,15 +220,15 @@ class Runtime:
         self.registry = ToolRegistry([*builtin_tools(), *searching, *tools], classifier)
         # Connector tools are decided by their grants too, in the same gate (issue 18).
         self.connector_policy = ConnectorPolicy(
-            GovernanceStore(db, payload_inline_bytes=settings.payload_inline_bytes),
+            GovernanceStore(db, payload_inline_bytes=settings.tools.payload_inline_bytes),
             connectors,
-            cache_s=settings.grant_cache_s,
-            pattern_budget_s=settings.schema_pattern_budget_s,
+            cache_s=settings.governance.grant_cache_s,
+            pattern_budget_s=settings.governance.schema_pattern_budget_s,
         )
         input_limits = InputLimits(
-            max_bytes=settings.workflow_input_max_bytes,
-            max_pattern_chars=settings.schema_pattern_max_chars,
-            pattern_budget_s=settings.schema_pattern_budget_s,
+            max_bytes=settings.governance.workflow_input_max_bytes,
+            max_pattern_chars=settings.governance.schema_pattern_max_chars,
+            pattern_budget_s=settings.governance.schema_pattern_budget_s,
         )
         self.secrets = SecretStore(db, settings)
         self.dispatcher = ToolDispatcher(
@@ -248,7 +248,7 @@ class Runtime:
             tools_of=self._connector_tools,
             authorize=self._authorize,
             audited=self._audited,
-            excludes_requester=settings.approval_excludes_requester,
+            excludes_requester=settings.governance.approval_excludes_requester,
             secrets=self.secrets,
             input_limits=input_limits,
         )
@@ -265,19 +265,19 @@ class Runtime:
         )
         """Workflow definitions, immutable versions, runs and their ledgers, as use cases."""
         self.composer = PromptComposer(
-            show_action_space=settings.show_action_space,
-            earlier_chars=settings.progress_earlier_chars,
+            show_action_space=settings.decide.show_action_space,
+            earlier_chars=settings.decide.progress_earlier_chars,
         )
         # Above the threshold the prompt shows the tools retrieved for the objective, found
         # with the memory's embedder (one query vector a step; tool vectors are cached).
         tool_retrieval = ToolRetriever(
             memory.embedder,
             settings.knowledge,
-            threshold=settings.tool_retrieval_threshold,
-            k=settings.tool_retrieval_k,
+            threshold=settings.decide.tool_retrieval_threshold,
+            k=settings.decide.tool_retrieval_k,
         )
         self.assembler = WorkingMemoryAssembler(
-            memory, self.dispatcher, recall_k=settings.recall_k, tools=tool_retrieval
+            memory, self.dispatcher, recall_k=settings.memory.recall_k, tools=tool_retrieval
         )
         # The inner voice of agents with critic on: another model when one is given, else
         # the agent's own model with a reviewer's prompt (same lineage, said so in the log).
@@ -365,14 +365,14 @@ class Runtime:
             emb = embedder or parts.embedder
             if emb is None:
                 raise ConfigurationError(
-                    f"embedding_backend={settings.embedding_backend} opened no embedder"
+                    f"embedding_backend={settings.embeddings.backend} opened no embedder"
                 )
             if emb.dim != EMBEDDING_DIM:
                 source = type(emb).__name__
                 if embedder is None:
-                    model_name = settings.embedding_model or "packaged MiniLM"
+                    model_name = settings.embeddings.model or "packaged MiniLM"
                     source += (
-                        f" (embedding_backend={settings.embedding_backend}, "
+                        f" (embedding_backend={settings.embeddings.backend}, "
                         f"embedding_model={model_name})"
                     )
                 raise ConfigurationError(
@@ -752,12 +752,13 @@ class Runtime:
                     f"contact context: at most {MAX_CONTACT_CONTEXT_BYTES} bytes as JSON, "
                     f"got {size}"
                 )
-        steps = self.settings.default_max_steps if max_steps is None else max_steps
+        steps = self.settings.decide.default_max_steps if max_steps is None else max_steps
         if isinstance(steps, bool) or not isinstance(steps, int):
             raise InvalidRequestError("max_steps must be an integer")
-        if not 1 <= steps <= self.settings.max_steps_limit:
+        if not 1 <= steps <= self.settings.decide.max_steps_limit:
             raise InvalidRequestError(
-                f"max_steps must be between 1 and {self.settings.max_steps_limit}, got {steps}"
+                f"max_steps must be between 1 and {self.settings.decide.max_steps_limit}, "
+                f"got {steps}"
             )
         if agent.mode is not AgentMode.AUTONOMOUS:
             # An interactive agent acts for a person (agent grant ∩ caller grant); running
@@ -1875,11 +1876,15 @@ def _retrieval_tools(
 def _configured_reranker(settings: Settings) -> Reranker | None:
     """The CrossEncoder ``reranker_model`` names, loaded in this process; a named model
     that does not load stops the start (a reranker asked for by name is not skipped)."""
-    if settings.reranker_model is None:
+    if settings.embeddings.reranker_model is None:
         return None
-    reranker = CrossEncoderReranker(settings.reranker_model, device=settings.embedding_device)
+    reranker = CrossEncoderReranker(
+        settings.embeddings.reranker_model, device=settings.embeddings.device
+    )
     if not reranker.available:
-        raise ConfigurationError(f"reranker_model={settings.reranker_model}: {reranker.reason}")
+        raise ConfigurationError(
+            f"reranker_model={settings.embeddings.reranker_model}: {reranker.reason}"
+        )
     return reranker
 
 

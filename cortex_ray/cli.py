@@ -48,7 +48,6 @@ from cortex_ray._exceptions import (
     NotFoundError,
 )
 from cortex_ray._runtime import Runtime
-from cortex_ray._settings import load_settings
 from cortex_ray._shutdown import Interrupted, run_stoppable
 from cortex_ray._types import (
     Agent,
@@ -67,6 +66,7 @@ from cortex_ray.graph import Triple
 from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import HashEmbedder
 from cortex_ray.observability import waterfall
+from cortex_ray.settings import load_settings
 
 __all__ = ["app", "main"]
 
@@ -183,7 +183,7 @@ async def _runtime(*, with_models: bool) -> AsyncIterator[Runtime]:
     """An open runtime, always closed again. Without models it loads neither model file,
     which keeps the bookkeeping commands fast."""
     settings = load_settings()
-    where = "connecting to PostgreSQL" if settings.database_url else "starting PostgreSQL"
+    where = "connecting to PostgreSQL" if settings.storage.database_url else "starting PostgreSQL"
     label = f"{where} and loading models…" if with_models else f"{where}…"
     with _err.status(label):
         if with_models:

@@ -135,7 +135,7 @@ def main(
     started_ray = False
     try:
         migrate(dsn)
-        started_ray = join_or_start_ray(address, settings.data_dir)
+        started_ray = join_or_start_ray(address, settings.storage.data_dir)
         n = backfill(
             org,
             collection,

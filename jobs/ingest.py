@@ -488,10 +488,10 @@ def _resolve_dsn(
     database_url: str | None, settings: Settings
 ) -> tuple[str, EmbeddedPostgres | None]:
     """The DSN to use, and the embedded server this process started (to stop at the end)."""
-    url = database_url or settings.database_url
+    url = database_url or settings.storage.database_url
     if url:
         return url, None
-    embedded = EmbeddedPostgres(settings.data_dir / "pg")
+    embedded = EmbeddedPostgres(settings.storage.data_dir / "pg")
     return embedded.dsn, embedded
 
 
@@ -654,7 +654,7 @@ def main(
     try:
         if dsn:
             migrate(dsn)
-        started_ray = join_or_start_ray(address, settings.data_dir, num_cpus=job.num_cpus)
+        started_ray = join_or_start_ray(address, settings.storage.data_dir, num_cpus=job.num_cpus)
         if graph_only:
             assert dsn is not None
             report: IngestReport | GraphOnlyReport = run_graph_only(org, collection, paths, dsn=dsn)

@@ -633,7 +633,7 @@ def governance_router() -> APIRouter:
             workflow=body.workflow,
             workflow_version=body.version,
             inputs=body.inputs,
-            max_steps_limit=state.runtime.settings.max_steps_limit,
+            max_steps_limit=state.runtime.settings.decide.max_steps_limit,
             principal=principal,
         )
         return _schedule(made)

@@ -212,7 +212,7 @@ async def test_with_no_usable_answer_the_planner_is_asked_for_other_calls() -> N
     model = ScriptedModelClient(responder=respond)
     decision = await driver(model).decide(wm(TIME_SEEN))
     answers = [r for r in model.requests if r.schema_name == "final_answer"]
-    assert len(answers) == Settings().structured_retries + 1
+    assert len(answers) == Settings().models.structured_retries + 1
     assert "09, 41 appear in no result above" in (answers[1].messages[-1].content or "")
     assert decision.action is not None and decision.action.tool == "memory_search"
     assert "every candidate repeated an earlier call; asked again" in decision.reason
@@ -500,7 +500,7 @@ async def test_the_choice_is_among_selectable_candidates_only() -> None:
 
 
 def test_choice_is_the_default_evaluation() -> None:
-    assert Settings().evaluation == "choice"
+    assert Settings().decide.evaluation == "choice"
 
 
 # --- answers with made-up numbers ------------------------------------------------------------

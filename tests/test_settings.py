@@ -14,10 +14,15 @@ import pytest
 import yaml
 
 from cortex_ray import ConfigurationError, InvalidRequestError, Runtime, Settings, load_settings
-from cortex_ray._settings import PROJECT_VARIABLES, setting_variables, unknown_variables
 from cortex_ray.knowledge import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_PASSAGE_BYTES, VECTOR_DIM
 from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import HashEmbedder
+from cortex_ray.settings import (
+    PROJECT_VARIABLES,
+    setting_field,
+    setting_variables,
+    unknown_variables,
+)
 from cortex_ray.storage import Database
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +84,7 @@ def test_each_unknown_variable_is_one_warning_with_the_closest_name(
     # A misspelt field of a group that forbids extras is reported like any other, not a
     # validation error, and the group's valid variables still apply.
     assert settings.api.port == 9000
-    assert settings.model_max_tokens == Settings.model_fields["model_max_tokens"].default
+    assert settings.models.max_tokens == setting_field("model_max_tokens").default
 
 
 def test_valid_and_project_variables_are_not_reported(
@@ -152,7 +157,7 @@ def test_serving_defaults_are_the_settings_defaults() -> None:
     assert {part for part, _ in SETTINGS_MIRROR} == {EmbedderConfig, LlmConfig}
     for (part, field), setting in SETTINGS_MIRROR.items():
         ours = part.model_fields[field].get_default(call_default_factory=True)
-        theirs = Settings.model_fields[setting].get_default(call_default_factory=True)
+        theirs = setting_field(setting).get_default(call_default_factory=True)
         assert ours == theirs, f"{part.__name__}.{field} {ours!r} != Settings.{setting}"
     # What the in-process backends configure, the served ones must too.
     mirrored = set(SETTINGS_MIRROR.values())

@@ -97,7 +97,7 @@ async def test_a_second_embedded_database_starts_and_stops_cleanly() -> None:
 def test_default_data_dir_keeps_root_out_of_home() -> None:
     import os
 
-    from cortex_ray._settings import default_data_dir
+    from cortex_ray.settings import default_data_dir
 
     path = default_data_dir()
     if os.geteuid() == 0:

@@ -28,7 +28,6 @@ from uuid import UUID
 
 import jsonschema
 
-from cortex_ray._settings import Settings
 from cortex_ray._tracing import (
     GEN_AI_OPERATION_NAME,
     GEN_AI_TOOL_CALL_ARGUMENTS,
@@ -61,6 +60,7 @@ from cortex_ray.governance import (
     redact_values,
 )
 from cortex_ray.observability import captured, diagnostics, metrics, scrub
+from cortex_ray.settings import Settings
 from cortex_ray.storage import AuditEntry, Store
 
 __all__ = ["Dispatch", "InvocationContext", "ToolDispatcher", "ToolHook"]
@@ -440,7 +440,7 @@ class ToolDispatcher:
         facts: _CallFacts | None = None,
     ) -> AuditEntry:
         facts = facts or _CallFacts()
-        limit = self.settings.payload_inline_bytes
+        limit = self.settings.tools.payload_inline_bytes
         payloads: list[tuple[str, str]] = []
         stored_args: dict[str, Any] = args if isinstance(args, dict) else {"_invalid": repr(args)}
         args_ref = None
@@ -608,7 +608,7 @@ class ToolDispatcher:
             if veto:
                 return refuse(f"hook: {veto}")
 
-        timeout = tool.timeout_s or self.settings.tool_timeout_s
+        timeout = tool.timeout_s or self.settings.tools.timeout_s
         status, reason, output = ObservationStatus.OK, None, None
         try:
             async with asyncio.timeout(timeout):
@@ -636,9 +636,9 @@ class ToolDispatcher:
         facts.result_sha256 = _sha256(full)
         facts.source_ids = _source_ids(output)
         facts.source_versions = _source_versions(output)
-        if len(full) > self.settings.payload_inline_bytes:
+        if len(full) > self.settings.tools.payload_inline_bytes:
             facts.result_payload = json.dumps(scrub(output), default=str, ensure_ascii=False)
-        bounded, text, truncated = _bound(output, self.settings.tool_output_chars, full)
+        bounded, text, truncated = _bound(output, self.settings.tools.output_chars, full)
         obs = Observation(
             tool=name,
             action_type=action_type,

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from cortex_ray._exceptions import ModelError
-from cortex_ray._settings import Settings
 from cortex_ray._tracing import tracer
 from cortex_ray._types import WorkingMemory
 from cortex_ray.decide._answers import collapse_lead_in, placeholders
 from cortex_ray.models import ChatMessage, ModelClient, structured_call
 from cortex_ray.perceive import PromptComposer, call_text
+from cortex_ray.settings import Settings
 
 __all__ = ["PROBLEMS_CHARS", "Critic", "Review", "critique_schema"]
 
@@ -154,7 +154,7 @@ class Critic:
                     schema=critique_schema(),
                     validate=_parse_critique,
                     schema_name="critique",
-                    retries=self.settings.structured_retries,
+                    retries=self.settings.models.structured_retries,
                 )
             except ModelError as exc:
                 log.info("the critic failed; the draft stands: %s", exc)
@@ -196,7 +196,7 @@ class Critic:
                 schema=revision_schema(),
                 validate=validate,
                 schema_name="revision",
-                retries=self.settings.structured_retries,
+                retries=self.settings.models.structured_retries,
             )
         except ModelError as exc:
             log.info("the revision failed; the first draft stands: %s", exc)

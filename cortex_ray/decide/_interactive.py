@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cortex_ray._settings import Settings
 from cortex_ray._tracing import tracer
 from cortex_ray._types import (
     ActionType,
@@ -51,6 +50,7 @@ from cortex_ray.decide._answers import (
 from cortex_ray.decide._critic import Critic
 from cortex_ray.models import ChatMessage, ChatRequest, ChatResponse, ModelClient
 from cortex_ray.perceive import PromptComposer, call_text, repeat_of
+from cortex_ray.settings import Settings
 
 __all__ = ["InteractiveDriver"]
 

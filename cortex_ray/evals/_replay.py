@@ -22,7 +22,6 @@ from typing import Any
 from pydantic import ConfigDict, create_model
 
 from cortex_ray._exceptions import CortexError, ModelError
-from cortex_ray._settings import DECIDE_SETTINGS, Settings
 from cortex_ray._types import (
     Decision,
     DecisionKind,
@@ -69,6 +68,7 @@ from cortex_ray.models import (
     structured_call,
 )
 from cortex_ray.perceive import PromptComposer
+from cortex_ray.settings import DECIDE_SETTINGS, Settings, setting_field
 
 __all__ = [
     "CassettePlayer",
@@ -190,8 +190,8 @@ def cassette_from_run(run: TaskRun) -> Cassette:
 
 def _driver(model: ModelClient, settings: Settings) -> AutonomousDriver:
     composer = PromptComposer(
-        show_action_space=settings.show_action_space,
-        earlier_chars=settings.progress_earlier_chars,
+        show_action_space=settings.decide.show_action_space,
+        earlier_chars=settings.decide.progress_earlier_chars,
     )
     critic = Critic(model, composer, settings, independent=False)
     return AutonomousDriver(model, composer, settings, critic=critic)
@@ -230,7 +230,7 @@ def _tool_correctness(recorded: list[str], made: list[str]) -> float:
 _DecideSettings = create_model(  # the DECIDE settings' own types and bounds, for overrides
     "DecideSettings",
     __config__=ConfigDict(extra="forbid"),
-    **{k: (Settings.model_fields[k].annotation, Settings.model_fields[k]) for k in DECIDE_SETTINGS},  # type: ignore[call-overload]
+    **{k: (setting_field(k).annotation, setting_field(k)) for k in DECIDE_SETTINGS},  # type: ignore[call-overload]
 )
 
 

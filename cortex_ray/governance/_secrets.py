@@ -34,8 +34,8 @@ from cortex_ray._exceptions import (
     InvalidRequestError,
     NotFoundError,
 )
-from cortex_ray._settings import Settings
 from cortex_ray._types import utcnow
+from cortex_ray.settings import Settings
 from cortex_ray.storage import Database
 
 __all__ = ["Rotation", "SecretInfo", "SecretStore", "load_previous_keys", "load_secret_key"]
@@ -51,11 +51,11 @@ def load_secret_key(settings: Settings) -> bytes:
     Raises:
         ConfigurationError: A key that is not 32 bytes of urlsafe base64.
     """
-    if settings.secret_key is not None:
-        text = settings.secret_key.get_secret_value()
+    if settings.governance.secret_key is not None:
+        text = settings.governance.secret_key.get_secret_value()
         where = "CORTEX_SECRET_KEY"
     else:
-        path = settings.secret_key_file or Path(settings.data_dir) / "secret.key"
+        path = settings.governance.secret_key_file or Path(settings.storage.data_dir) / "secret.key"
         where = str(path)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,9 +82,13 @@ def load_previous_keys(settings: Settings) -> list[bytes]:
     Raises:
         ConfigurationError: One is not 32 bytes of urlsafe base64 (its position says which).
     """
-    if settings.secret_previous_keys is None:
+    if settings.governance.secret_previous_keys is None:
         return []
-    parts = [p for p in settings.secret_previous_keys.get_secret_value().split(",") if p.strip()]
+    parts = [
+        p
+        for p in settings.governance.secret_previous_keys.get_secret_value().split(",")
+        if p.strip()
+    ]
     return [_key(p, f"CORTEX_SECRET_PREVIOUS_KEYS, key {i + 1}") for i, p in enumerate(parts)]
 
 

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from cortex_ray._settings import TracingOptions
 from cortex_ray._tracing import (
     GEN_AI_INPUT_MESSAGES,
     GEN_AI_OPERATION_NAME,
@@ -31,6 +30,7 @@ from cortex_ray._tracing import (
 from cortex_ray._types import ModelExchange, RecordedToolCall
 from cortex_ray.models._protocol import ChatRequest, ChatResponse, ModelClient, Usage
 from cortex_ray.observability import bound_messages, captured, diagnostics, metrics
+from cortex_ray.settings import TracingOptions
 
 __all__ = ["RecordingModelClient", "exchange", "recording", "request_digest"]
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from cortex_ray._exceptions import ConfigurationError, ModelError
-from cortex_ray._settings import default_data_dir
 from cortex_ray.models._packaged import DEFAULT_MODEL_NAME, packaged_model_path
 from cortex_ray.models._protocol import ChatRequest, ChatResponse, ToolCall, Usage
+from cortex_ray.settings import default_data_dir
 
 __all__ = [
     "GRAMMAR_STRING_CAP",

@@ -32,8 +32,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from cortex_ray._settings import LocalSpans, Settings, load_settings
 from cortex_ray._tracing import activate_provider, deactivate_provider
+from cortex_ray.settings import LocalSpans, Settings, load_settings
 
 __all__ = ["PostgresSpanExporter", "Tracing", "otlp_endpoint"]
 
@@ -207,7 +207,7 @@ class Tracing:
         task): settings from its environment (``CORTEX_TRACING__*``, ``OTEL_*``), spans kept
         in ``database_url`` (default ``CORTEX_DATABASE_URL``) when they are kept locally."""
         settings = load_settings()
-        return cls.open(settings, database_url or settings.database_url)
+        return cls.open(settings, database_url or settings.storage.database_url)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Export every finished span now (before a trace is read back, or at exit)."""
