@@ -562,7 +562,12 @@ async def _open(
     print(f"loaded {model.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     ours_model = CountingModel(model, "ours", verbose=verbose)
     base_model = CountingModel(model, "baseline", verbose=verbose)
-    driver = AutonomousDriver(ours_model, PromptComposer(), settings)
+    driver = AutonomousDriver(
+        ours_model,
+        PromptComposer(),
+        settings.decide,
+        structured_retries=settings.models.structured_retries,
+    )
     return model, driver, ours_model, base_model
 
 

@@ -200,7 +200,7 @@ async def load_phase(
 
 
 async def bench(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    db = await Database.open(settings)
+    db = await Database.open(settings.storage)
     try:
         org = f"load-{uuid.uuid4().hex[:8]}"
         everything = Grant(tools=frozenset({"*"}))

@@ -173,7 +173,7 @@ async def run(args: argparse.Namespace) -> None:
     analyzer = Analyzer.configured(RetrievalConfig())
     with scratch_data_dir(args.data_dir) as data_dir:
         settings = Settings(data_dir=data_dir, database_url=args.database_url)
-        db = await Database.open(settings)
+        db = await Database.open(settings.storage)
         org = f"rerank-{uuid.uuid4().hex[:8]}"
         try:
             vectors = await asyncio.to_thread(embed_corpus, docs, embedder, args.cache)

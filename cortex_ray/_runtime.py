@@ -230,12 +230,13 @@ class Runtime:
             max_pattern_chars=settings.governance.schema_pattern_max_chars,
             pattern_budget_s=settings.governance.schema_pattern_budget_s,
         )
-        self.secrets = SecretStore(db, settings)
+        self.secrets = SecretStore(db, settings.governance, settings.storage.data_dir)
         self.dispatcher = ToolDispatcher(
             self.registry,
             self.access,
             self.store,
-            settings,
+            settings.tools,
+            tracing=settings.tracing,
             memory=memory,
             hooks=hooks,
             governance=self.connector_policy,
@@ -290,9 +291,17 @@ class Runtime:
             if critic_model is not None
             else deciding
         )
-        critic = Critic(reviewing, self.composer, settings, independent=critic_model is not None)
-        self.autonomous = AutonomousDriver(deciding, self.composer, settings, critic=critic)
-        self.interactive = InteractiveDriver(deciding, self.composer, settings, critic=critic)
+        retries = settings.models.structured_retries
+        critic = Critic(
+            reviewing,
+            self.composer,
+            structured_retries=retries,
+            independent=critic_model is not None,
+        )
+        self.autonomous = AutonomousDriver(
+            deciding, self.composer, settings.decide, structured_retries=retries, critic=critic
+        )
+        self.interactive = InteractiveDriver(deciding, self.composer, critic=critic)
         self.learner = Learner(db, self.store, memory)
         self.cycle = DecisionCycle(
             settings=settings,
@@ -309,7 +318,7 @@ class Runtime:
         self._owns_db = False
         # Spans of this process's cycles go to an OTLP collector and/or this database's
         # trace_spans (settings.tracing; docs/operations.md, "Traces").
-        self.tracing = Tracing.open(settings, db.dsn)
+        self.tracing = Tracing.open(settings.tracing, db.dsn)
         self.driver_id = f"{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:8]}"
         """Who this runtime is as the holder of a run's lease (unique per instance; a run
         actor drives as its actor name instead: ``drive_run(owner=...)``)."""
@@ -351,7 +360,7 @@ class Runtime:
             raise ConfigurationError(f"model must be a ModelClient or None, not {model!r}")
         # The database first: it is the cheapest to fail, and everything opened after it
         # is closed again if a later step fails.
-        database = db or await Database.open(settings)
+        database = db or await Database.open(settings.storage)
         chat_model: ModelClient | None = None
         opens_chat = isinstance(model, str)
         try:
@@ -381,8 +390,18 @@ class Runtime:
                     "docs/operations.md)"
                 )
             if importance is None:
-                importance = importance_scorer_for(settings, chat_model)
-            memory = MemoryService(database, emb, settings, importance)
+                importance = importance_scorer_for(
+                    settings.memory,
+                    chat_model,
+                    structured_retries=settings.models.structured_retries,
+                )
+            memory = MemoryService(
+                database,
+                emb,
+                settings.memory,
+                importance,
+                structured_retries=settings.models.structured_retries,
+            )
             knowledge = KnowledgeService(
                 database,
                 emb,

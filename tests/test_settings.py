@@ -254,7 +254,7 @@ def test_the_openai_embedder_takes_the_schema_dimension_and_the_settings() -> No
         model_max_retries=5,
         model_timeout_s=7.0,
     )
-    embedder = OpenAICompatibleEmbedder.from_settings(settings)
+    embedder = OpenAICompatibleEmbedder.from_options(settings.embeddings, settings.models)
     assert embedder.dim == EMBEDDING_DIM
     assert embedder._client.max_retries == 5 and embedder._client.timeout == 7.0
 

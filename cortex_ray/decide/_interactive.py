@@ -50,7 +50,6 @@ from cortex_ray.decide._answers import (
 from cortex_ray.decide._critic import Critic
 from cortex_ray.models import ChatMessage, ChatRequest, ChatResponse, ModelClient
 from cortex_ray.perceive import PromptComposer, call_text, repeat_of
-from cortex_ray.settings import Settings
 
 __all__ = ["InteractiveDriver"]
 
@@ -62,13 +61,11 @@ class InteractiveDriver:
         self,
         model: ModelClient | None,
         composer: PromptComposer,
-        settings: Settings,
         *,
         critic: Critic | None = None,
     ) -> None:
         self.model = model
         self.composer = composer
-        self.settings = settings
         self.critic = critic
 
     async def decide(self, wm: WorkingMemory, *, allow_tools: bool = True) -> Decision:

@@ -193,8 +193,11 @@ def _driver(model: ModelClient, settings: Settings) -> AutonomousDriver:
         show_action_space=settings.decide.show_action_space,
         earlier_chars=settings.decide.progress_earlier_chars,
     )
-    critic = Critic(model, composer, settings, independent=False)
-    return AutonomousDriver(model, composer, settings, critic=critic)
+    retries = settings.models.structured_retries
+    critic = Critic(model, composer, structured_retries=retries, independent=False)
+    return AutonomousDriver(
+        model, composer, settings.decide, structured_retries=retries, critic=critic
+    )
 
 
 def _said(decision: Decision) -> str:

@@ -1,5 +1,5 @@
 """The one registry of model backends: how a runtime gets its chat model, embedder and
-reranker from the settings' ``model_backend`` and ``embedding_backend``.
+reranker from the settings' ``models.backend`` and ``embeddings.backend``.
 
 The core registers the backends it can open in any process (``local``, ``openai``,
 ``none``, ``hash``). Other layers add theirs without the core importing them: the Ray
@@ -55,7 +55,9 @@ class ModelParts:
 
 BackendOpener = Callable[[Settings, frozenset[ModelSlot]], Awaitable[ModelParts]]
 """Opens the asked slots from the settings. Raise ``ConfigurationError`` for what it cannot
-open (say which setting to change)."""
+open (say which setting to change). It takes the whole ``Settings``, not one group: a
+backend reads ``models``, ``embeddings`` and ``storage.data_dir``, and a backend of another
+layer (the entry point group) may read more; it is the models room's composition point."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +192,7 @@ async def _open_openai(settings: Settings, slots: frozenset[ModelSlot]) -> Model
     if "embedder" in slots:
         from cortex_ray.models.openai_embeddings import OpenAICompatibleEmbedder
 
-        embedder = OpenAICompatibleEmbedder.from_settings(settings)
+        embedder = OpenAICompatibleEmbedder.from_options(settings.embeddings, settings.models)
     return ModelParts(chat=chat, embedder=embedder)
 
 

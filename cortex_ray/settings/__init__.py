@@ -1,7 +1,7 @@
 """Settings: one options group per owner, composed by ``Settings``; loaded by
 :func:`load_settings`. The bottom layer: it imports nothing of the rooms above it.
 
-A room takes its own group (``MemoryService(options=settings.memory)``), not the whole
+A room takes its own group (``MemoryService(db, embedder, settings.memory, ...)``), not the whole
 ``Settings``; the old flat names keep working through :data:`ALIASES`
 (docs/operations.md, "Settings that moved").
 """
@@ -9,6 +9,7 @@ A room takes its own group (``MemoryService(options=settings.memory)``), not the
 from cortex_ray.settings._aliases import ALIASES, DECIDE_SETTINGS, nest_flat_names
 from cortex_ray.settings._knowledge import Fusion, RetrievalConfig
 from cortex_ray.settings._models import (
+    STRUCTURED_RETRIES,
     EmbeddingOptions,
     ModelOptions,
     StorageOptions,
@@ -43,6 +44,7 @@ __all__ = [
     "ENV_PREFIX",
     "NESTED_DELIMITER",
     "PROJECT_VARIABLES",
+    "STRUCTURED_RETRIES",
     "ApiOptions",
     "DecideOptions",
     "DiagnosticsOptions",

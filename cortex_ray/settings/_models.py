@@ -9,7 +9,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["EmbeddingOptions", "ModelOptions", "StorageOptions", "default_data_dir"]
+__all__ = [
+    "STRUCTURED_RETRIES",
+    "EmbeddingOptions",
+    "ModelOptions",
+    "StorageOptions",
+    "default_data_dir",
+]
+
+STRUCTURED_RETRIES = 2
+"""The default of ``ModelOptions.structured_retries``, and of the parts that take it alone."""
 
 
 def default_data_dir() -> Path:
@@ -109,7 +118,7 @@ class ModelOptions(BaseModel):
         "with the openai SDK's exponential backoff",
     )
     structured_retries: int = Field(
-        default=2,
+        default=STRUCTURED_RETRIES,
         ge=0,
         le=10,
         description="a structured output that does not validate is shown back to the model "
