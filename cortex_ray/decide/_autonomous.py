@@ -70,8 +70,8 @@ __all__ = ["NO_MODEL_REASON", "AutonomousDriver", "no_judgement", "nothing_left"
 log = logging.getLogger("cortex_ray.decide")
 
 NO_MODEL_REASON = (
-    "no model configured: set CORTEX_MODEL_BACKEND=local (the packaged CORTEX_MODEL_NAME) or "
-    "CORTEX_MODEL_BACKEND=openai with CORTEX_MODEL_URL"
+    "no model configured: set CORTEX_MODELS__BACKEND=local (the packaged CORTEX_MODELS__NAME) "
+    "or CORTEX_MODELS__BACKEND=openai with CORTEX_MODELS__URL"
 )
 
 

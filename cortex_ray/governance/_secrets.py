@@ -1,7 +1,7 @@
 """Per-organisation secrets (issue 18, point 7): connector credentials, encrypted at rest.
 
 Each value is sealed with AES-256-GCM under one key from the environment
-(``CORTEX_SECRET_KEY``) or a file (``CORTEX_SECRET_KEY_FILE``, default
+(``CORTEX_GOVERNANCE__SECRET_KEY``) or a file (``CORTEX_GOVERNANCE__SECRET_KEY_FILE``, default
 ``<data_dir>/secret.key``, made with mode 0600 on first use); the organisation and the
 secret's name are the associated data, so a ciphertext copied to another organisation's
 row, or another name, does not open. Values leave the store only into a tool's handler
@@ -9,8 +9,8 @@ row, or another name, does not open. Values leave the store only into a tool's h
 the API lists names, never values, and the gate redacts any value a call read from what the
 call returns before it is kept or shown (audit, step log, model, diagnostics).
 
-**Rotation.** The older keys in ``CORTEX_SECRET_PREVIOUS_KEYS`` still open what they sealed
-(the current key is tried first); ``SecretStore.rotate`` re-seals every row that only an
+**Rotation.** The older keys in ``CORTEX_GOVERNANCE__SECRET_PREVIOUS_KEYS`` still open what
+they sealed (the current key is tried first); ``SecretStore.rotate`` re-seals every row that only an
 older key opens under the current one, under a lock, so that the older keys can then be
 dropped.
 """
@@ -53,7 +53,7 @@ def load_secret_key(options: GovernanceOptions, data_dir: Path) -> bytes:
     """
     if options.secret_key is not None:
         text = options.secret_key.get_secret_value()
-        where = "CORTEX_SECRET_KEY"
+        where = "CORTEX_GOVERNANCE__SECRET_KEY"
     else:
         path = options.secret_key_file or Path(data_dir) / "secret.key"
         where = str(path)
@@ -85,7 +85,10 @@ def load_previous_keys(options: GovernanceOptions) -> list[bytes]:
     if options.secret_previous_keys is None:
         return []
     parts = [p for p in options.secret_previous_keys.get_secret_value().split(",") if p.strip()]
-    return [_key(p, f"CORTEX_SECRET_PREVIOUS_KEYS, key {i + 1}") for i, p in enumerate(parts)]
+    return [
+        _key(p, f"CORTEX_GOVERNANCE__SECRET_PREVIOUS_KEYS, key {i + 1}")
+        for i, p in enumerate(parts)
+    ]
 
 
 @dataclass(frozen=True, slots=True)

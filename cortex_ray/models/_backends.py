@@ -179,7 +179,7 @@ async def _open_openai(settings: Settings, slots: frozenset[ModelSlot]) -> Model
         from cortex_ray.models.openai_compatible import OpenAICompatibleClient
 
         if settings.models.url is None:
-            raise ConfigurationError("model_backend=openai needs model_url (CORTEX_MODEL_URL)")
+            raise ConfigurationError("models.backend=openai needs models.url (CORTEX_MODELS__URL)")
         chat = OpenAICompatibleClient(
             settings.models.url,
             settings.models.name,

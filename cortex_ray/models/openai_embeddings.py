@@ -58,7 +58,7 @@ class OpenAICompatibleEmbedder:
         (``cortex_ray.memory.EMBEDDING_DIM``), which the server's vectors must have."""
         if not options.url:
             raise ConfigurationError(
-                "embedding_backend=openai needs embedding_url (CORTEX_EMBEDDINGS__URL)"
+                "embeddings.backend=openai needs embeddings.url (CORTEX_EMBEDDINGS__URL)"
             )
         return cls(
             options.url,

