@@ -305,3 +305,67 @@ def test_no_entry_point_builds_settings_by_hand() -> None:
         if re.search(r"\bSettings\(\)", line)
     ]
     assert offenders == []
+
+
+# the groups and the old flat names -----------------------------------------------------------
+
+
+def test_every_old_flat_name_has_one_place() -> None:
+    from cortex_ray.settings import ALIASES, DECIDE_SETTINGS, alias_variables
+
+    places = list(ALIASES.values())
+    assert len(places) == len(set(places))  # no two old names share a place
+    for old, (group, field) in ALIASES.items():
+        assert setting_field(old) is setting_field(f"{group}.{field}")
+        assert old not in Settings.model_fields
+    assert set(DECIDE_SETTINGS) <= set(ALIASES)
+    assert set(alias_variables()) <= set(setting_variables())
+
+
+def test_an_old_variable_sets_its_new_place_and_the_new_one_wins(
+    clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clean_env.setenv("CORTEX_MODEL_MAX_TOKENS", "99")
+    clean_env.setenv("CORTEX_RECALL_ALPHA", "0.5")
+    clean_env.setenv("CORTEX_MEMORY__RECALL_ALPHA", "0.7")
+    clean_env.setenv("CORTEX_DECIDE__CANDIDATES", "3")
+    with caplog.at_level(logging.WARNING, logger="cortex_ray.settings"):
+        settings = load_settings(strict=True)  # old names are known: no warning, no error
+    assert caplog.records == []
+    assert settings.models.max_tokens == 99
+    assert settings.memory.recall_alpha == 0.7
+    assert settings.decide.candidates == 3
+
+
+def test_an_invalid_old_variable_is_named_as_it_was_set(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("CORTEX_MODEL_BACKEND", "bogus")
+    with pytest.raises(ConfigurationError, match="invalid setting CORTEX_MODEL_BACKEND: "):
+        load_settings()
+    clean_env.delenv("CORTEX_MODEL_BACKEND")
+    clean_env.setenv("CORTEX_MODELS__BACKEND", "bogus")
+    with pytest.raises(ConfigurationError, match="invalid setting CORTEX_MODELS__BACKEND: "):
+        load_settings()
+
+
+def test_old_keywords_copies_and_reads_reach_the_groups(clean_env: pytest.MonkeyPatch) -> None:
+    from cortex_ray.settings import ModelOptions
+
+    settings = Settings(model_name="m", pool_max_size=3, models=ModelOptions(max_tokens=99))
+    assert (settings.models.name, settings.models.max_tokens) == ("m", 99)
+    assert settings.storage.pool_max_size == 3
+    copied = settings.model_copy(update={"pool_min_size": 2, "candidates": 4})
+    assert (copied.storage.pool_min_size, copied.storage.pool_max_size) == (2, 3)
+    assert copied.decide.candidates == 4 and settings.decide.candidates == 1
+    with pytest.warns(DeprecationWarning, match="Settings.models.name"):
+        assert settings.model_name == "m"  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        _ = settings.no_such_setting  # type: ignore[attr-defined]
+
+
+def test_settings_import_nothing_above_them() -> None:
+    """The settings are the bottom layer: their modules import no room of the core."""
+    allowed = {"cortex_ray._exceptions", "cortex_ray._types"}
+    for path in (ROOT / "cortex_ray" / "settings").glob("*.py"):
+        imported = set(re.findall(r"^from (cortex_ray[\w.]*) import", path.read_text(), re.M))
+        above = {m for m in imported if not m.startswith("cortex_ray.settings")} - allowed
+        assert above == set(), path.name
