@@ -1,10 +1,11 @@
 """The settings that moved into a group, by their old flat names: one table (:data:`ALIASES`).
 
-Until 0.x every setting of the core was a flat field (``Settings.model_name``,
+Before issue 29 every setting of the core was a flat field (``Settings.model_name``,
 ``CORTEX_MODEL_NAME``); each now belongs to the options group of the room that reads it
 (``Settings.models.name``, ``CORTEX_MODELS__NAME``). The old names keep working, through
 this table only: as environment variables (the new name wins where both are set), as
-keyword arguments (``Settings(model_name=...)``) and in ``Settings.model_copy(update=...)``.
+keyword arguments (``Settings(model_name=...)``), in ``Settings.model_copy(update=...)`` and,
+with a ``DeprecationWarning``, as attribute reads (``settings.model_name``).
 docs/operations.md ("Settings that moved") lists them.
 """
 
