@@ -12,8 +12,8 @@ __all__ = ["DecideOptions", "GovernanceOptions", "MemoryOptions", "ToolOptions"]
 
 
 class DecideOptions(BaseModel):
-    """The decision cycle: what DECIDE is shown and how it chooses (``cortex_ray.decide``,
-    ``perceive``, the cycle): ``Settings.decide``, ``CORTEX_DECIDE__<FIELD>``."""
+    """What DECIDE is shown and how it chooses (``cortex_ray.decide``, ``perceive``, the
+    cycle): ``Settings.decide``, ``CORTEX_DECIDE__<FIELD>``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
