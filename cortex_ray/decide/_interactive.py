@@ -47,6 +47,7 @@ from cortex_ray.decide._answers import (
     placeholders,
     tools_named,
 )
+from cortex_ray.decide._autonomous import NO_MODEL_REASON
 from cortex_ray.decide._critic import Critic
 from cortex_ray.models import ChatMessage, ChatRequest, ChatResponse, ModelClient
 from cortex_ray.perceive import PromptComposer, call_text, repeat_of
@@ -70,8 +71,6 @@ class InteractiveDriver:
 
     async def decide(self, wm: WorkingMemory, *, allow_tools: bool = True) -> Decision:
         if self.model is None:
-            from cortex_ray.decide._autonomous import NO_MODEL_REASON
-
             return Decision(kind=DecisionKind.REPLY, failed=True, reason=NO_MODEL_REASON)
         tools = [t for t in wm.action_space if t.name != "reply"] if allow_tools else []
         messages = tuple(self.composer.render(wm))
