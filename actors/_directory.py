@@ -71,7 +71,7 @@ class SessionDirectory:
         self._policy = policy
         # A small pool: the directory only reads run statuses.
         self._db = await Database.open(
-            settings.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
+            settings.storage.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
         )
         self._store = Store(self._db)
         self._sessions: OrderedDict[str, str] = OrderedDict()  # name → actor id, LRU first

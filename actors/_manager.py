@@ -66,10 +66,11 @@ class SessionManager:
         factory: RuntimeFactory = open_runtime,
         policy: SessionPolicy | None = None,
     ) -> None:
-        if not settings.database_url:
+        if not settings.storage.database_url:
             raise ConfigurationError(
-                "session actors need the DSN of a running PostgreSQL (settings.database_url); "
-                "they never start the embedded one: use SessionManager.for_runtime(runtime)"
+                "session actors need the DSN of a running PostgreSQL "
+                "(settings.storage.database_url); they never start the embedded one: use "
+                "SessionManager.for_runtime(runtime)"
             )
         self.settings = settings
         self.factory = factory

@@ -589,7 +589,7 @@ async def _main(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     await asyncio.to_thread(ingest_corpus, first.db.dsn, org, embed)
     print(
-        f"agent_eval tasks: model {base.model_name}, K={base.candidates}, "
+        f"agent_eval tasks: model {base.models.name}, K={base.decide.candidates}, "
         f"{len(wanted)} tasks × {variants}, org {org}",
         file=sys.stderr,
     )
@@ -641,7 +641,7 @@ async def _case(runtime: Runtime, org: str, result: Result) -> EvalCase:
 def _write_suite(path: Path, settings: Settings, cases: list[EvalCase]) -> None:
     suite = EvalSuite(
         name=path.stem,
-        description=f"agent_eval tasks recorded with {settings.model_name}",
+        description=f"agent_eval tasks recorded with {settings.models.name}",
         cases=tuple(cases),
     )
     body = suite.model_dump(mode="json", include={"name", "description", "cases"})
@@ -650,7 +650,7 @@ def _write_suite(path: Path, settings: Settings, cases: list[EvalCase]) -> None:
 
 
 def _report(results: list[Result], variants: list[str], settings: Settings) -> None:
-    print(f"\nmodel {settings.model_name}, {os.cpu_count()} cores")
+    print(f"\nmodel {settings.models.name}, {os.cpu_count()} cores")
     print("| variant | completed | autonomous | interactive | mean steps | loops | s/step |")
     print("|---|---|---|---|---|---|---|")
     done: dict[str, int] = {}

@@ -312,7 +312,7 @@ async def run_ours(
             hidden_tools=hidden,
             observations=tuple(observations),
             step_index=step,
-            max_steps=settings.default_max_steps,
+            max_steps=settings.decide.default_max_steps,
         )
         decision = await driver.decide(wm)
         steps.append(_step_log(case, names, calls, decision))
@@ -562,7 +562,12 @@ async def _open(
     print(f"loaded {model.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     ours_model = CountingModel(model, "ours", verbose=verbose)
     base_model = CountingModel(model, "baseline", verbose=verbose)
-    driver = AutonomousDriver(ours_model, PromptComposer(), settings)
+    driver = AutonomousDriver(
+        ours_model,
+        PromptComposer(),
+        settings.decide,
+        structured_retries=settings.models.structured_retries,
+    )
     return model, driver, ours_model, base_model
 
 
@@ -614,13 +619,14 @@ async def single(args: argparse.Namespace) -> int:
         retriever = ToolRetriever(
             SentenceTransformerEmbedder(),
             settings.knowledge,
-            threshold=settings.tool_retrieval_threshold,
-            k=settings.tool_retrieval_k,
+            threshold=settings.decide.tool_retrieval_threshold,
+            k=settings.decide.tool_retrieval_k,
         )
     print(
         f"tools per case: the case's own + {args.distractors} distractors; tool retrieval "
         + (
-            f"on (threshold {settings.tool_retrieval_threshold}, k {settings.tool_retrieval_k}"
+            f"on (threshold {settings.decide.tool_retrieval_threshold}, "
+            f"k {settings.decide.tool_retrieval_k}"
             f", fusion {settings.knowledge.fusion.value}; both sides get the tools shown)"
             if retriever
             else "off (both sides get every tool)"
@@ -628,8 +634,8 @@ async def single(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     print(
-        f"model {settings.model_name}, K={settings.candidates}, evaluation "
-        f"{getattr(settings, 'evaluation', 'scores')}, {len(cases)} cases "
+        f"model {settings.models.name}, K={settings.decide.candidates}, evaluation "
+        f"{settings.decide.evaluation}, {len(cases)} cases "
         f"({', '.join(args.categories)}; n={args.n}, seed={args.seed}), "
         f"{args.threads} threads",
         file=sys.stderr,
@@ -666,15 +672,15 @@ async def single(args: argparse.Namespace) -> int:
     print(render(summary))
     if args.json:
         report = {
-            "model": settings.model_name,
+            "model": settings.models.name,
             "planner": version,
-            "candidates": settings.candidates,
-            "evaluation": getattr(settings, "evaluation", None),
+            "candidates": settings.decide.candidates,
+            "evaluation": settings.decide.evaluation,
             "n": args.n,
             "seed": args.seed,
             "categories": args.categories,
             "threads": args.threads,
-            "max_tokens": settings.model_max_tokens,
+            "max_tokens": settings.models.max_tokens,
             "distractors": args.distractors,
             "tool_retrieval": bool(args.tool_retrieval),
             "summary": summary,
@@ -776,7 +782,7 @@ async def multi_ours(
                 action_space=specs,
                 observations=tuple(observations),
                 step_index=len(observations),
-                max_steps=settings.default_max_steps,
+                max_steps=settings.decide.default_max_steps,
             )
             decision = await driver.decide(wm)
             if decision.kind is not DecisionKind.ACT or decision.action is None:
@@ -914,10 +920,10 @@ async def multiturn(args: argparse.Namespace) -> int:
     print(render_multi(results))
     if args.json:
         report = {
-            "model": settings.model_name,
+            "model": settings.models.name,
             "planner": version,
-            "candidates": settings.candidates,
-            "evaluation": getattr(settings, "evaluation", None),
+            "candidates": settings.decide.candidates,
+            "evaluation": settings.decide.evaluation,
             "n": args.n,
             "seed": args.seed,
             "cases": [r.model_dump(mode="json") for r in results],

@@ -200,7 +200,7 @@ async def load_phase(
 
 
 async def bench(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    db = await Database.open(settings)
+    db = await Database.open(settings.storage)
     try:
         org = f"load-{uuid.uuid4().hex[:8]}"
         everything = Grant(tools=frozenset({"*"}))
@@ -228,13 +228,13 @@ async def bench(args: argparse.Namespace, settings: Settings, url: str) -> int:
         assert r.status_code == 201, r.text
         agent = r.json()["id"]
         model = (await models.get("/v1/models")).json()["data"]
-        chat_model = next(m["id"] for m in model if m["id"] == settings.model_name)
+        chat_model = next(m["id"] for m in model if m["id"] == settings.models.name)
 
         # warm-up: one run (the first actor, the prompt cache) and one probe
         await one_run(http, org, agent, args.steps, args.run_timeout, Phase())
         await probe(models, chat_model, Phase())
 
-        llm = ray_serve.get_deployment_handle(LLM_NAME, app_name=settings.models_app)
+        llm = ray_serve.get_deployment_handle(LLM_NAME, app_name=settings.models.app)
         await settle(llm)
         alone = Phase()
         before = await llm.load.remote()
@@ -292,10 +292,11 @@ def report(
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; ray {ray.__version__} "
         f"(num_cpus={args.num_cpus}); executor {settings.sessions.executor}; candidates "
-        f"{settings.candidates}; importance {settings.importance_scoring}; tool timeout "
-        f"{settings.tool_timeout_s:g} s; model {settings.model_name} via the LLM deployment "
+        f"{settings.decide.candidates}; importance {settings.memory.importance_scoring}; "
+        "tool timeout "
+        f"{settings.tools.timeout_s:g} s; model {settings.models.name} via the LLM deployment "
         f"(1 replica, max_waiting {llm.max_waiting}, queue_timeout_s {llm.queue_timeout_s:g}, "
-        f"max_tokens {settings.model_max_tokens}); embedder served MiniLM; PostgreSQL embedded"
+        f"max_tokens {settings.models.max_tokens}); embedder served MiniLM; PostgreSQL embedded"
     )
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"load average at the end {load}")

@@ -68,7 +68,7 @@ def percentile(values: list[float], q: float) -> float:
 async def main(calls: int, blocks: int) -> int:
     data = Path(tempfile.mkdtemp(prefix="cortex-ray-gate-bench-", dir="/tmp"))
     settings = Settings(data_dir=data)
-    db = await Database.open(settings)
+    db = await Database.open(settings.storage)
     try:
         store = Store(db)
         gov = GovernanceStore(db)
@@ -83,14 +83,16 @@ async def main(calls: int, blocks: int) -> int:
             tier=CapabilityTier.READ, connector="crm",
         )  # fmt: skip
         crm = Connector(name="crm", sensitive_fields=("email", "ssn"))
-        bare = ToolDispatcher(ToolRegistry([bare_tool]), AccessControlService(), store, settings)
+        bare = ToolDispatcher(
+            ToolRegistry([bare_tool]), AccessControlService(), store, settings.tools
+        )
         gates = {"bare": bare}
-        for name, cache_s in (("governed", settings.grant_cache_s), ("uncached", 0.0)):
+        for name, cache_s in (("governed", settings.governance.grant_cache_s), ("uncached", 0.0)):
             gates[name] = ToolDispatcher(
                 ToolRegistry([governed_tool]),
                 AccessControlService(),
                 store,
-                settings,
+                settings.tools,
                 governance=ConnectorPolicy(gov, [crm], cache_s=cache_s),
             )
         agent = Agent(

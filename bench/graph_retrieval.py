@@ -118,7 +118,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     rng = random.Random(7)
     org = f"gbench-{uuid.uuid4().hex[:8]}"
     with scratch_data_dir(args.data_dir) as data_dir:
-        db = await Database.open(Settings(data_dir=data_dir, database_url=args.database_url))
+        db = await Database.open(
+            Settings(data_dir=data_dir, database_url=args.database_url).storage
+        )
         try:
             load_s = await asyncio.to_thread(
                 build, db.dsn, org, args.entities, args.assertions, rng

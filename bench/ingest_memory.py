@@ -217,11 +217,12 @@ def run_one(path: Path, data_dir: Path, dry_run: bool) -> tuple[Peak, float, dic
     argv.append(str(path))
     env = {
         **os.environ,
-        "CORTEX_DATA_DIR": str(data_dir),
+        "CORTEX_STORAGE__DATA_DIR": str(data_dir),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
-    env.pop("CORTEX_DATABASE_URL", None)  # the embedded server in the scratch folder
+    for name in ("CORTEX_STORAGE__DATABASE_URL", "CORTEX_DATABASE_URL"):  # and its old name
+        env.pop(name, None)  # the embedded server in the scratch folder
     started = time.perf_counter()
     proc = subprocess.Popen(
         argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

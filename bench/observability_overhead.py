@@ -122,7 +122,7 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> int:
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     sink = RayMetrics()
     models = await open_models(base) if real else None
-    db = await Database.open(base.model_copy(update={"pool_max_size": 4}))
+    db = await Database.open(base.model_copy(update={"pool_max_size": 4}).storage)
     runtimes: dict[str, Runtime] = {}
     try:
         for name in configs:

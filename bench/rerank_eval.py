@@ -50,7 +50,6 @@ from _scratch import scratch_data_dir
 from retrieval_eval import K, embed_corpus, ingest, load_beir, metrics
 
 from cortex_ray import Settings, run_main, run_stoppable
-from cortex_ray._settings import default_data_dir
 from cortex_ray.knowledge import Analyzer, KnowledgeService, RetrievalConfig
 from cortex_ray.models import (
     DEFAULT_MODEL_NAME,
@@ -60,6 +59,7 @@ from cortex_ray.models import (
     SentenceTransformerEmbedder,
     packaged_model_path,
 )
+from cortex_ray.settings import default_data_dir
 from cortex_ray.storage import Database
 
 SYSTEM = (
@@ -173,7 +173,7 @@ async def run(args: argparse.Namespace) -> None:
     analyzer = Analyzer.configured(RetrievalConfig())
     with scratch_data_dir(args.data_dir) as data_dir:
         settings = Settings(data_dir=data_dir, database_url=args.database_url)
-        db = await Database.open(settings)
+        db = await Database.open(settings.storage)
         org = f"rerank-{uuid.uuid4().hex[:8]}"
         try:
             vectors = await asyncio.to_thread(embed_corpus, docs, embedder, args.cache)

@@ -169,7 +169,7 @@ async def run(args: argparse.Namespace) -> None:
     embedder = SentenceTransformerEmbedder()
     with scratch_data_dir(args.data_dir) as data_dir:
         settings = Settings(data_dir=data_dir, database_url=args.database_url)
-        db = await Database.open(settings)
+        db = await Database.open(settings.storage)
         org = f"eval-{uuid.uuid4().hex[:8]}"
         try:
             t0 = time.perf_counter()

@@ -121,7 +121,7 @@ def _q(delays: list[float], q: float) -> float:
 async def main(count: int, schedulers: int, seed: int) -> int:
     data = Path(tempfile.mkdtemp(prefix="cortex-ray-sched-bench-", dir="/tmp"))
     settings = Settings(data_dir=data, embedding_backend="hash")
-    db = await Database.open(settings)
+    db = await Database.open(settings.storage)
     phase = random.Random(seed).uniform(0.0, SWEEP_S)
     try:
         print(f"scheduler precision: {count} schedules due at the same second, "

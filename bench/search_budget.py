@@ -51,7 +51,7 @@ async def measure(args: argparse.Namespace) -> None:
         sys.exit(f"{marker} is missing: build the corpus with search_latency.py --reuse first")
     org = marker.read_text().strip()
     grid = [tuple(int(x) for x in cell.split(":")) for cell in args.grid.split(",")]
-    db = await Database.open(Settings(data_dir=args.data_dir, pool_max_size=4))
+    db = await Database.open(Settings(data_dir=args.data_dir, pool_max_size=4).storage)
     try:
         queries = draw_queries(texts, args.queries)
         exact_service = KnowledgeService(db, HashEmbedder(384))

@@ -167,7 +167,7 @@ async def measure(args: argparse.Namespace) -> None:
     centres = rng.normal(size=(TOPICS, DIM))
     with scratch_data_dir(args.data_dir) as data_dir:
         settings = Settings(data_dir=data_dir, database_url=args.database_url, pool_max_size=16)
-        db = await Database.open(settings)
+        db = await Database.open(settings.storage)
         # --reuse: a corpus built by an earlier run into the same --data-dir (same passages)
         # is measured again as it is, so that settings can be compared without a rebuild.
         marker = data_dir / f"search-latency-{len(texts)}.org"

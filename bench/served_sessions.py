@@ -61,7 +61,7 @@ async def measure(mode: str, settings: Settings, k: int) -> dict[str, Any]:
         settings = served_settings(settings)
         config = serving_config_for(settings)
         assert config is not None
-        app = run_local(config, port=8765, name=settings.models_app, route_prefix="/models")
+        app = run_local(config, port=8765, name=settings.models.app, route_prefix="/models")
     namespace = f"bench-{mode}-{uuid.uuid4().hex[:6]}"
     sessions = SessionManager(settings, policy=SessionPolicy(namespace=namespace))
     local = await Runtime.open(settings.model_copy(update={"model_backend": "none",
@@ -81,7 +81,7 @@ async def measure(mode: str, settings: Settings, k: int) -> dict[str, Any]:
             actor = await sessions.session_actor(org, session.id)
             assert actor is not None
             actor_pss.append(pss_of(await actor.pid.remote()))
-        replicas = sum(pss_of(p) for p in replica_pids(settings.models_app)) if app else 0.0
+        replicas = sum(pss_of(p) for p in replica_pids(settings.models.app)) if app else 0.0
         return {
             "actor_pss": actor_pss,
             "replicas_pss": replicas,

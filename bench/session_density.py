@@ -156,7 +156,7 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> None:
         embedding_backend="hash",
         model_backend="none",
     )
-    db = await Database.open(base)
+    db = await Database.open(base.storage)
     pg_dir = None if args.database_url else data_dir
     local = await scripted_runtime(base, db)
     # Actors: the running server's DSN, one pooled connection each (cap × pool must fit

@@ -20,17 +20,6 @@ from cortex_ray._exceptions import (
     StructuredOutputError,
     UnavailableError,
 )
-from cortex_ray._settings import (
-    ApiOptions,
-    DiagnosticsOptions,
-    IngestJobOptions,
-    LocalSpans,
-    RunPolicy,
-    SessionPolicy,
-    Settings,
-    TracingOptions,
-    load_settings,
-)
 from cortex_ray._shutdown import (
     Interrupted,
     SignalGuard,
@@ -90,6 +79,17 @@ from cortex_ray.runtime import (
     InProcessExecutor,
     RunSupervisor,
     Runtime,
+)
+from cortex_ray.settings import (
+    ApiOptions,
+    DiagnosticsOptions,
+    IngestJobOptions,
+    LocalSpans,
+    RunPolicy,
+    SessionPolicy,
+    Settings,
+    TracingOptions,
+    load_settings,
 )
 
 __all__ = [

@@ -15,6 +15,7 @@ from uuid import UUID, uuid4
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "EMBEDDING_DIM",
     "OPERATOR_ID",
     "ActionType",
     "Agent",
@@ -630,3 +631,10 @@ class ProceduralProposal(_Model):
 
 
 WorkingMemory.model_rebuild()
+
+
+EMBEDDING_DIM = 384
+"""The dimension of every stored vector: ``memories.embedding`` and the knowledge vectors
+(``vector(384)`` / ``halfvec(384)`` in the schema). Not a setting: an embedder must have it
+(docs/operations.md).
+"""

@@ -100,10 +100,10 @@ def resolve_dsn(
     database_url: str | None, settings: Settings
 ) -> tuple[str, EmbeddedPostgres | None]:
     """The DSN to use, and the embedded server this process started (to stop at the end)."""
-    url = database_url or settings.database_url
+    url = database_url or settings.storage.database_url
     if url:
         return url, None
-    embedded = EmbeddedPostgres(settings.data_dir / "pg")
+    embedded = EmbeddedPostgres(settings.storage.data_dir / "pg")
     return embedded.dsn, embedded
 
 
@@ -152,7 +152,7 @@ def run_job(
             dsn, embedded = resolve_dsn(database_url, settings)
             migrate(dsn)
         if on_ray:
-            started_ray = join_or_start_ray(address, settings.data_dir, num_cpus=num_cpus)
+            started_ray = join_or_start_ray(address, settings.storage.data_dir, num_cpus=num_cpus)
         line = work(dsn)
     except InvalidRequestError as exc:
         fail(str(exc), invalid_exit)

@@ -256,7 +256,7 @@ def run_model_extraction(
         run = writer.begin_run(
             org, method=MODEL, method_version=method_version, collection=collection
         )
-        backend = "given" if client is not None or settings is None else settings.model_backend
+        backend = "given" if client is not None or settings is None else settings.models.backend
         report = ModelExtractReport(org, run, method_version, model_backend=backend)
         try:
             for row in _extract(todo, dsn, org, run, method_version, options, actors, num_gpus,
@@ -401,7 +401,7 @@ def main(
             collection=collection,
             source_ids=sources,
             since_version=since_version,
-            model_version=model_version or settings.model_name,
+            model_version=model_version or settings.models.name,
             options=options,
             actors=job.graph_model_actors,
             num_gpus=job.graph_model_num_gpus,

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings.model_copy(update={"api": options})
     try:
         # RAY_ADDRESS, or a local Ray (dashboard on 127.0.0.1), announced in the data dir
-        with ray_driver(announce=settings.data_dir) as driver:
+        with ray_driver(announce=settings.storage.data_dir) as driver:
             api = run_local(settings, serve_models=not args.in_process_models)
             driver.callback(api.stop)
             print(

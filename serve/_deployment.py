@@ -197,8 +197,8 @@ def run_local(
     opts = options or options_for(runtime)
     embedded: EmbeddedPostgres | None = None
     models: LocalModels | None = None
-    if isinstance(runtime, Settings) and not runtime.database_url:
-        embedded = EmbeddedPostgres(runtime.data_dir / "pg")
+    if isinstance(runtime, Settings) and not runtime.storage.database_url:
+        embedded = EmbeddedPostgres(runtime.storage.data_dir / "pg")
         runtime = runtime.model_copy(update={"database_url": embedded.dsn})
     try:
         ray_serve.start(http_options={"host": opts.host, "port": opts.port})
@@ -212,7 +212,7 @@ def run_local(
                     config,
                     host=opts.host,
                     port=opts.port,
-                    name=runtime.models_app,
+                    name=runtime.models.app,
                     route_prefix=MODELS_ROUTE_PREFIX,
                 )
         handle = ray_serve.run(

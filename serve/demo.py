@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             num_cpus=max(2, os.cpu_count() or 1),
             include_dashboard=not args.no_dashboard,
             log_to_driver=False,
-            announce=settings.data_dir,  # `cortex-ray ingest` joins this Ray meanwhile
+            announce=settings.storage.data_dir,  # `cortex-ray ingest` joins this Ray meanwhile
         ) as driver:
             api = run_local(
                 settings,
@@ -166,15 +166,15 @@ def main(argv: list[str] | None = None) -> int:
                 _say(
                     f"==> models served once for every session actor: "
                     f"{api.models.openai_base_url} (chat: "
-                    f"{api.settings.model_backend if api.settings else '?'}, embeddings: "
-                    f"{api.settings.embedding_backend if api.settings else '?'})"
+                    f"{api.settings.models.backend if api.settings else '?'}, embeddings: "
+                    f"{api.settings.embeddings.backend if api.settings else '?'})"
                 )
             task_started = time.perf_counter()
             task_id, run = _follow_task(api.url, key, agent_id, args.goal, args.max_steps)
             _print_run(run)
             _say(
                 f"==> task {run.get('status')} in {time.perf_counter() - task_started:.1f} s "
-                f"({len(run.get('steps', []))} steps, model {settings.model_name}); the whole "
+                f"({len(run.get('steps', []))} steps, model {settings.models.name}); the whole "
                 f"demo took {time.perf_counter() - started:.1f} s"
             )
             _print_commands(api.url, key, agent_id, args.goal, task_id)
@@ -225,8 +225,8 @@ def _exit_code(run: dict[str, Any]) -> int:
 
 
 def _dsn(api: Any, settings: Settings) -> str:
-    if settings.database_url:
-        return settings.database_url
+    if settings.storage.database_url:
+        return settings.storage.database_url
     assert api.embedded is not None
     return str(api.embedded.dsn)
 

@@ -73,7 +73,7 @@ def settings(data_dir: Path) -> Settings:
 
 @pytest.fixture(scope="session")
 async def db(settings: Settings) -> AsyncIterator[Database]:
-    database = await Database.open(settings)
+    database = await Database.open(settings.storage)
     yield database
     await database.close()
 

@@ -81,7 +81,7 @@ class Veto:
 def dispatcher(store: Store) -> ToolDispatcher:
     registry = ToolRegistry([*builtin_tools(), *TOOLS])
     settings = Settings(tool_output_chars=200, tool_timeout_s=5)
-    return ToolDispatcher(registry, AccessControlService(), store, settings, hooks=[Veto()])
+    return ToolDispatcher(registry, AccessControlService(), store, settings.tools, hooks=[Veto()])
 
 
 ALL = Grant(tools=frozenset({"*"}))

@@ -281,7 +281,7 @@ async def test_keys_from_the_command_line_work_until_revoked(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORTEX_")}
     env |= {
-        "CORTEX_DATABASE_URL": str(replica_settings.database_url),
+        "CORTEX_DATABASE_URL": str(replica_settings.storage.database_url),
         "CORTEX_EMBEDDING_BACKEND": "hash",
     }
 

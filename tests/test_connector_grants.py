@@ -95,7 +95,7 @@ def gate(store: Store, gov: GovernanceStore) -> ToolDispatcher:
     ran.clear()
     policy = ConnectorPolicy(gov, [CRM])
     return ToolDispatcher(
-        ToolRegistry(TOOLS), AccessControlService(), store, Settings(), governance=policy
+        ToolRegistry(TOOLS), AccessControlService(), store, Settings().tools, governance=policy
     )
 
 
@@ -151,7 +151,7 @@ async def test_fail_closed_and_a_denied_tools_code_never_runs(gate, store, gov, 
 
 
 async def test_a_gate_without_a_connector_policy_denies(store, org) -> None:
-    bare = ToolDispatcher(ToolRegistry(TOOLS), AccessControlService(), store, Settings())
+    bare = ToolDispatcher(ToolRegistry(TOOLS), AccessControlService(), store, Settings().tools)
     ran.clear()
     obs = await call(bare, agent_for(org), "crm_lookup", {"name": "ann"})
     assert obs.status is ObservationStatus.REFUSED and "no connector policy" in obs.summary
@@ -286,7 +286,7 @@ async def test_the_grant_cache_is_dropped_when_grants_change_here(store, gov, or
     use cases call ``invalidate``) counts at once. Expiry is still judged at each call."""
     policy = ConnectorPolicy(gov, [CRM], cache_s=3600)
     gate = ToolDispatcher(
-        ToolRegistry(TOOLS), AccessControlService(), store, Settings(), governance=policy
+        ToolRegistry(TOOLS), AccessControlService(), store, Settings().tools, governance=policy
     )
     agent = agent_for(org)
     await install(store, gov, org)

@@ -67,8 +67,8 @@ def test_each_serve_config_is_the_whole_service_with_nothing_hand_set(
     for variable, value in env.items():
         monkeypatch.setenv(variable, value)
     settings = Settings()
-    assert settings.model_backend == "served" and settings.embedding_backend == "served"
-    assert settings.models_app == models["name"]
+    assert settings.models.backend == "served" and settings.embeddings.backend == "served"
+    assert settings.models.app == models["name"]
     assert settings.sessions.executor == "actors"
     if name == "serve-gpu.yaml":
         cpu = {POOL: "cpu"}

@@ -35,7 +35,7 @@ def test_ci_runs_the_readmes_test_command() -> None:
 
 
 def test_operations_lists_every_setting_with_its_default() -> None:
-    from cortex_ray._settings import setting_variables, settings_table
+    from cortex_ray.settings import setting_variables, settings_table
 
     text = (ROOT / "docs" / "operations.md").read_text()
     table = settings_table()
@@ -50,7 +50,7 @@ def test_the_readmes_configuration_defaults_are_the_codes() -> None:
     """Each README configuration row that names settings and gives one default per name
     (``| `A`, `B`, … | a, b | ...``) gives the code's defaults, in order; "3000 postings per
     term" beside a code default of 10,000 is what this catches (issue 15, point 6)."""
-    from cortex_ray._settings import settings_table
+    from cortex_ray.settings import settings_table
 
     defaults = {}
     for row in settings_table().splitlines()[2:]:

@@ -503,7 +503,7 @@ async def test_the_retrieval_tool_goes_through_the_gate_with_citations(
     ingest(writer, org, "docs", {"guide.md": GUIDE_V1})
     tool = knowledge_search_tool(service, collections=["docs"])
     dispatcher = ToolDispatcher(
-        ToolRegistry([tool]), AccessControlService(), store, Settings(tool_output_chars=4000)
+        ToolRegistry([tool]), AccessControlService(), store, Settings(tool_output_chars=4000).tools
     )
     agent = Agent(
         org_id=org,
@@ -526,7 +526,10 @@ async def test_the_retrieval_tool_goes_through_the_gate_with_citations(
     # A collection name a model guessed searches every collection, and says so (not an
     # empty result, nor an error the model repeats).
     everything = ToolDispatcher(
-        ToolRegistry([knowledge_search_tool(service)]), AccessControlService(), store, Settings()
+        ToolRegistry([knowledge_search_tool(service)]),
+        AccessControlService(),
+        store,
+        Settings().tools,
     )
     guessed = await everything.invoke(
         ctx, "knowledge_search", {"query": "install pip", "collection": "manuals"}

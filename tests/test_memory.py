@@ -52,11 +52,13 @@ def service(
     importance: ImportanceScorer | None = None,
     **weights: Any,
 ) -> MemoryService:
+    tuned = settings.model_copy(update=weights)
     return MemoryService(
         db,
         embedder or HashEmbedder(384),
-        settings.model_copy(update=weights),
+        tuned.memory,
         importance or HeuristicImportanceScorer(),
+        structured_retries=tuned.models.structured_retries,
     )
 
 
@@ -94,7 +96,7 @@ def test_all_is_sorted_and_complete() -> None:
 
 def test_embedder_must_match_the_schema(db: Database, settings: Settings) -> None:
     with pytest.raises(ConfigurationError, match="vector\\(384\\)"):
-        MemoryService(db, HashEmbedder(128), settings, HeuristicImportanceScorer())
+        MemoryService(db, HashEmbedder(128), settings.memory, HeuristicImportanceScorer())
 
 
 def test_subjects_are_normalised() -> None:
@@ -296,7 +298,7 @@ async def test_snapshot_is_one_statement(db, store, settings, org) -> None:
         await memory.write(org_id=org, agent_id=agent, kind=EPISODIC, content=text)
     counting = CountingDatabase(db)
     spied = MemoryService(
-        cast(Database, counting), HashEmbedder(384), settings, HeuristicImportanceScorer()
+        cast(Database, counting), HashEmbedder(384), settings.memory, HeuristicImportanceScorer()
     )
     snap = await spied.snapshot(org_id=org, agent_id=agent, query="beta", k=2)
     # One statement outside a transaction (the pool is in autocommit): one round trip.
@@ -525,8 +527,8 @@ async def test_model_importance_and_its_fallback(db, store, settings, org, caplo
     assert any("heuristic" in r.getMessage() for r in caplog.records)
     assert await scorer.score(PROCEDURAL, "no script left: a model error") == 8.0
 
-    assert isinstance(importance_scorer_for(settings, None), HeuristicImportanceScorer)
-    assert isinstance(importance_scorer_for(settings, model), ModelImportanceScorer)
+    assert isinstance(importance_scorer_for(settings.memory, None), HeuristicImportanceScorer)
+    assert isinstance(importance_scorer_for(settings.memory, model), ModelImportanceScorer)
 
 
 # the extraction pass -------------------------------------------------------------------

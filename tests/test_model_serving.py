@@ -831,7 +831,7 @@ def test_the_serving_config_follows_the_settings(settings: Any) -> None:
     assert config is not None and config.llm is not None and config.embedder is not None
     assert (config.llm.n_ctx, config.llm.model_id, config.embedder.device) == (
         2048,
-        settings.model_name,
+        settings.models.name,
         "cpu",
     )
     assert config.reranker is not None and config.reranker.model is None  # unavailable, 0 CPU

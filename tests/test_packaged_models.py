@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex_ray import ConfigurationError, Settings
+from cortex_ray import ConfigurationError
 from cortex_ray.models import (
     DEFAULT_MODEL_NAME,
     PACKAGED_MODELS,
@@ -22,6 +22,7 @@ from cortex_ray.models import (
     packaged_model,
     packaged_model_path,
 )
+from cortex_ray.settings import setting_field
 
 ROOT = Path(__file__).resolve().parents[1]
 SLICES = [b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 5]
@@ -128,7 +129,7 @@ def test_an_unknown_name_lists_the_packaged_models() -> None:
 
 def test_the_defaults_and_pyproject_agree() -> None:
     """Settings' default is the main job's model; each model's part pins are its extra's."""
-    assert Settings.model_fields["model_name"].default == DEFAULT_MODEL_NAME
+    assert setting_field("model_name").default == DEFAULT_MODEL_NAME
     assert {DEFAULT_MODEL_NAME, TEST_MODEL_NAME} <= set(PACKAGED_MODELS)
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
@@ -155,7 +156,7 @@ async def test_the_installed_default_resolves_and_answers() -> None:
     """The main job's model, assembled into the default data dir as ``./dev run`` does."""
     model = PACKAGED_MODELS[DEFAULT_MODEL_NAME]
     missing = [p.distribution for p in model.parts if p.path() is None]
-    data_dir = Settings.model_fields["data_dir"].get_default(call_default_factory=True)
+    data_dir = setting_field("data_dir").get_default(call_default_factory=True)
     if missing and not (data_dir / "models" / model.file_name).is_file():
         pytest.skip(f"{DEFAULT_MODEL_NAME} is not installed ({model.install}; ./dev run does)")
     path = packaged_model_path(DEFAULT_MODEL_NAME, data_dir)

@@ -114,7 +114,13 @@ def scores(*values: float) -> str:
 def driver(model: ScriptedModelClient, **settings: Any) -> AutonomousDriver:
     """The driver with K=3 and 0-10 scores (the choice mode has tests of its own below)."""
     update = {"candidates": 3, "evaluation": "scores", **settings}
-    return AutonomousDriver(model, PromptComposer(), Settings().model_copy(update=update))
+    tuned = Settings().model_copy(update=update)
+    return AutonomousDriver(
+        model,
+        PromptComposer(),
+        tuned.decide,
+        structured_retries=tuned.models.structured_retries,
+    )
 
 
 TIME_SEEN = observed("current_time", {}, '{"utc": "2026-12-01T15:00:00+00:00"}', 0)
@@ -212,7 +218,7 @@ async def test_with_no_usable_answer_the_planner_is_asked_for_other_calls() -> N
     model = ScriptedModelClient(responder=respond)
     decision = await driver(model).decide(wm(TIME_SEEN))
     answers = [r for r in model.requests if r.schema_name == "final_answer"]
-    assert len(answers) == Settings().structured_retries + 1
+    assert len(answers) == Settings().models.structured_retries + 1
     assert "09, 41 appear in no result above" in (answers[1].messages[-1].content or "")
     assert decision.action is not None and decision.action.tool == "memory_search"
     assert "every candidate repeated an earlier call; asked again" in decision.reason
@@ -451,7 +457,7 @@ async def test_an_interactive_turn_does_not_call_the_same_tool_twice() -> None:
             "conversation": (Turn(role="user", content="What time is it?"),),
         }
     )
-    decision = await InteractiveDriver(model, PromptComposer(), Settings()).decide(chat)
+    decision = await InteractiveDriver(model, PromptComposer()).decide(chat)
     assert decision.kind is DecisionKind.REPLY and decision.message == "It is 15:00 UTC."
     assert "a repeated call of current_time() was not made" in decision.reason
     second = model.requests[1]
@@ -500,7 +506,7 @@ async def test_the_choice_is_among_selectable_candidates_only() -> None:
 
 
 def test_choice_is_the_default_evaluation() -> None:
-    assert Settings().evaluation == "choice"
+    assert Settings().decide.evaluation == "choice"
 
 
 # --- answers with made-up numbers ------------------------------------------------------------
@@ -937,12 +943,12 @@ async def test_an_interactive_call_leaves_out_an_optional_value_nobody_gave() ->
             }
         )
 
-    driver_ = InteractiveDriver(ScriptedModelClient([made]), PromptComposer(), Settings())
+    driver_ = InteractiveDriver(ScriptedModelClient([made]), PromptComposer())
     decision = await driver_.decide(turn("An acoustic instrument for $1000?"))
     assert decision.action is not None
     assert decision.action.args == {"budget": 1000, "type": "acoustic"}
     assert "left out make='Yamaha'" in decision.reason
 
-    driver_ = InteractiveDriver(ScriptedModelClient([made]), PromptComposer(), Settings())
+    driver_ = InteractiveDriver(ScriptedModelClient([made]), PromptComposer())
     decision = await driver_.decide(turn("A Yamaha, acoustic, for $1000?"))
     assert decision.action is not None and decision.action.args["make"] == "Yamaha"

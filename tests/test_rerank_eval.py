@@ -14,9 +14,9 @@ import pytest
 from bench_modules import load_bench
 from knowledge_fixtures import ingest
 
-from cortex_ray._settings import default_data_dir
 from cortex_ray.knowledge import KnowledgeService, KnowledgeWriter, RetrievalConfig
 from cortex_ray.models import TEST_MODEL_NAME, HashEmbedder, Reranker, packaged_model_path
+from cortex_ray.settings import default_data_dir
 from cortex_ray.storage import Database
 
 DOCS = [

@@ -27,6 +27,7 @@ from cortex_ray.act import Tool, ToolContext
 from cortex_ray.governance import Connector, GrantRequest, SecretStore, load_secret_key
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import HashEmbedder
+from cortex_ray.settings import GovernanceOptions
 from cortex_ray.storage import Database
 
 TOKEN = "tok-4f1d9c2e7b"
@@ -126,21 +127,25 @@ async def test_a_call_never_lets_a_secret_out(runtime: Runtime, org: str) -> Non
 
 
 def test_the_key_comes_from_the_environment_or_a_file(tmp_path: Path) -> None:
-    made = load_secret_key(Settings(data_dir=tmp_path))
+    made = load_secret_key(Settings().governance, tmp_path)
     key_file = tmp_path / "secret.key"
     assert len(made) == 32 and stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
-    assert load_secret_key(Settings(data_dir=tmp_path)) == made  # the same, not a new one
+    assert load_secret_key(Settings().governance, tmp_path) == made  # the same, not a new one
     given = base64.urlsafe_b64encode(b"k" * 32).decode()
-    assert load_secret_key(Settings(data_dir=tmp_path, secret_key=given)) == b"k" * 32
+    assert load_secret_key(Settings(secret_key=given).governance, tmp_path) == b"k" * 32
     with pytest.raises(ConfigurationError, match="32 bytes"):
-        load_secret_key(Settings(data_dir=tmp_path, secret_key="short"))
+        load_secret_key(Settings(secret_key="short").governance, tmp_path)
 
 
 async def test_another_key_does_not_open_them(
     runtime: Runtime, db: Database, settings: Settings, org: str, tmp_path: Path
 ) -> None:
     await setup(runtime, org)
-    other = SecretStore(db, settings.model_copy(update={"secret_key_file": tmp_path / "k"}))
+    other = SecretStore(
+        db,
+        settings.governance.model_copy(update={"secret_key_file": tmp_path / "k"}),
+        settings.storage.data_dir,
+    )
     with pytest.raises(ConfigurationError, match="does not open with this key"):
         await other.reveal(org, "crm_token", connector="crm")
 
@@ -195,33 +200,35 @@ async def test_rotating_the_key_reseals_every_secret(
     no longer opens them); a row no key opens is reported and left alone."""
     from pydantic import SecretStr
 
-    def keyed(current: bytes, *older: bytes) -> Settings:
+    def keyed(current: bytes, *older: bytes) -> GovernanceOptions:
         encode = lambda k: base64.urlsafe_b64encode(k).decode()  # noqa: E731
-        return settings.model_copy(
+        return settings.governance.model_copy(
             update={
                 "secret_key": SecretStr(encode(current)),
                 "secret_previous_keys": SecretStr(",".join(map(encode, older))) if older else None,
             }
         )
 
+    data_dir = settings.storage.data_dir
+
     old, new, stranger = b"o" * 32, b"n" * 32, b"s" * 32
     other = f"{org}-b"
     for o in (org, other):
         await runtime.store.ensure_org(o)
-    sealed_old = SecretStore(db, keyed(old))
+    sealed_old = SecretStore(db, keyed(old), data_dir)
     for o in (org, other):
         await sealed_old.put(o, "crm_token", f"{TOKEN}-{o}", connector="crm", by="x")
-    await SecretStore(db, keyed(stranger)).put(org, "lost", "v", connector=None, by="x")
+    await SecretStore(db, keyed(stranger), data_dir).put(org, "lost", "v", connector=None, by="x")
 
-    rotating = SecretStore(db, keyed(new, old))
+    rotating = SecretStore(db, keyed(new, old), data_dir)
     assert await rotating.reveal(org, "crm_token", connector="crm") == f"{TOKEN}-{org}"
     with pytest.raises(ConfigurationError, match="does not open"):
-        await SecretStore(db, keyed(new)).reveal(org, "crm_token", connector="crm")
+        await SecretStore(db, keyed(new), data_dir).reveal(org, "crm_token", connector="crm")
 
     done = await rotating.rotate(batch=1)  # one row per transaction: the paging is exercised
     assert done.resealed >= 2 and (org, "lost") in done.unreadable
     assert (org, "crm_token") not in done.unreadable
-    only_new = SecretStore(db, keyed(new))
+    only_new = SecretStore(db, keyed(new), data_dir)
     for o in (org, other):
         assert await only_new.reveal(o, "crm_token", connector="crm") == f"{TOKEN}-{o}"
         with pytest.raises(ConfigurationError, match="does not open"):
@@ -230,8 +237,10 @@ async def test_rotating_the_key_reseals_every_secret(
     assert again.current >= 2 and (org, "lost") in again.unreadable
     mine = [(o, n) for o, n in again.unreadable if o in (org, other)]
     assert mine == [(org, "lost")]  # left as it was: still there, still sealed
-    assert await SecretStore(db, keyed(stranger)).reveal(org, "lost", connector=None) == "v"
+    assert (
+        await SecretStore(db, keyed(stranger), data_dir).reveal(org, "lost", connector=None) == "v"
+    )
     bad = SecretStr(base64.urlsafe_b64encode(old).decode() + ",short")
     broken = keyed(new).model_copy(update={"secret_previous_keys": bad})
     with pytest.raises(ConfigurationError, match="PREVIOUS_KEYS, key 2"):
-        await SecretStore(db, broken).reveal(org, "crm_token", connector="crm")
+        await SecretStore(db, broken, data_dir).reveal(org, "crm_token", connector="crm")

@@ -14,10 +14,15 @@ import pytest
 import yaml
 
 from cortex_ray import ConfigurationError, InvalidRequestError, Runtime, Settings, load_settings
-from cortex_ray._settings import PROJECT_VARIABLES, setting_variables, unknown_variables
 from cortex_ray.knowledge import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_PASSAGE_BYTES, VECTOR_DIM
 from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import HashEmbedder
+from cortex_ray.settings import (
+    PROJECT_VARIABLES,
+    setting_field,
+    setting_variables,
+    unknown_variables,
+)
 from cortex_ray.storage import Database
 
 pytestmark = pytest.mark.unit
@@ -81,7 +86,7 @@ def test_each_unknown_variable_is_one_warning_with_the_closest_name(
     # A misspelt field of a group that forbids extras is reported like any other, not a
     # validation error, and the group's valid variables still apply.
     assert settings.api.port == 9000
-    assert settings.model_max_tokens == Settings.model_fields["model_max_tokens"].default
+    assert settings.models.max_tokens == setting_field("model_max_tokens").default
 
 
 def test_valid_and_project_variables_are_not_reported(
@@ -154,7 +159,7 @@ def test_serving_defaults_are_the_settings_defaults() -> None:
     assert {part for part, _ in SETTINGS_MIRROR} == {EmbedderConfig, LlmConfig}
     for (part, field), setting in SETTINGS_MIRROR.items():
         ours = part.model_fields[field].get_default(call_default_factory=True)
-        theirs = Settings.model_fields[setting].get_default(call_default_factory=True)
+        theirs = setting_field(setting).get_default(call_default_factory=True)
         assert ours == theirs, f"{part.__name__}.{field} {ours!r} != Settings.{setting}"
     # What the in-process backends configure, the served ones must too.
     mirrored = set(SETTINGS_MIRROR.values())
@@ -251,7 +256,7 @@ def test_the_openai_embedder_takes_the_schema_dimension_and_the_settings() -> No
         model_max_retries=5,
         model_timeout_s=7.0,
     )
-    embedder = OpenAICompatibleEmbedder.from_settings(settings)
+    embedder = OpenAICompatibleEmbedder.from_options(settings.embeddings, settings.models)
     assert embedder.dim == EMBEDDING_DIM
     assert embedder._client.max_retries == 5 and embedder._client.timeout == 7.0
 
@@ -303,3 +308,68 @@ def test_no_entry_point_builds_settings_by_hand() -> None:
         if re.search(r"\bSettings\(\)", line)
     ]
     assert offenders == []
+
+
+# the groups and the old flat names -----------------------------------------------------------
+
+
+def test_every_old_flat_name_has_one_place() -> None:
+    from cortex_ray.settings import ALIASES, DECIDE_SETTINGS, alias_variables
+
+    places = list(ALIASES.values())
+    assert len(places) == len(set(places))  # no two old names share a place
+    for old, (group, field) in ALIASES.items():
+        assert setting_field(old) is setting_field(f"{group}.{field}")
+        assert old not in Settings.model_fields
+    assert set(DECIDE_SETTINGS) <= set(ALIASES)
+    assert set(alias_variables()) <= set(setting_variables())
+
+
+def test_an_old_variable_sets_its_new_place_and_the_new_one_wins(
+    clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clean_env.setenv("CORTEX_MODEL_MAX_TOKENS", "99")
+    clean_env.setenv("CORTEX_RECALL_ALPHA", "0.5")
+    clean_env.setenv("CORTEX_MEMORY__RECALL_ALPHA", "0.7")
+    clean_env.setenv("CORTEX_DECIDE__CANDIDATES", "3")
+    with caplog.at_level(logging.WARNING, logger="cortex_ray.settings"):
+        settings = load_settings(strict=True)  # old names are known: no warning, no error
+    assert caplog.records == []
+    assert settings.models.max_tokens == 99
+    assert settings.memory.recall_alpha == 0.7
+    assert settings.decide.candidates == 3
+
+
+def test_an_invalid_old_variable_is_named_as_it_was_set(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("CORTEX_MODEL_BACKEND", "bogus")
+    with pytest.raises(ConfigurationError, match="invalid setting CORTEX_MODEL_BACKEND: "):
+        load_settings()
+    clean_env.delenv("CORTEX_MODEL_BACKEND")
+    clean_env.setenv("CORTEX_MODELS__BACKEND", "bogus")
+    with pytest.raises(ConfigurationError, match="invalid setting CORTEX_MODELS__BACKEND: "):
+        load_settings()
+
+
+def test_old_keywords_copies_and_reads_reach_the_groups(clean_env: pytest.MonkeyPatch) -> None:
+    from cortex_ray.settings import ModelOptions
+
+    settings = Settings(model_name="m", pool_max_size=3, models=ModelOptions(max_tokens=99))
+    assert (settings.models.name, settings.models.max_tokens) == ("m", 99)
+    assert settings.storage.pool_max_size == 3
+    copied = settings.model_copy(update={"pool_min_size": 2, "candidates": 4})
+    assert (copied.storage.pool_min_size, copied.storage.pool_max_size) == (2, 3)
+    assert copied.decide.candidates == 4 and settings.decide.candidates == 1
+    flat = "model_name"  # a deprecated read, as older code makes it
+    with pytest.warns(DeprecationWarning, match="Settings.models.name"):
+        assert getattr(settings, flat) == "m"
+    with pytest.raises(AttributeError):
+        _ = settings.no_such_setting  # type: ignore[attr-defined]
+
+
+def test_settings_import_nothing_above_them() -> None:
+    """The settings are the bottom layer: their modules import no room of the core."""
+    allowed = {"cortex_ray._exceptions", "cortex_ray._types"}
+    for path in (ROOT / "cortex_ray" / "settings").glob("*.py"):
+        imported = set(re.findall(r"^from (cortex_ray[\w.]*) import", path.read_text(), re.M))
+        above = {m for m in imported if not m.startswith("cortex_ray.settings")} - allowed
+        assert above == set(), path.name

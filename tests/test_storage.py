@@ -40,7 +40,7 @@ async def test_a_configured_dsn_is_used_instead_of_starting_a_server(
 ) -> None:
     other_dir = Path(tempfile.mkdtemp(prefix="cortex-ray-unused-", dir="/tmp"))
     try:
-        configured = await Database.open(Settings(database_url=db.dsn, data_dir=other_dir))
+        configured = await Database.open(Settings(database_url=db.dsn, data_dir=other_dir).storage)
         try:
             assert not configured.embedded
             async with configured.transaction() as conn:
@@ -57,14 +57,14 @@ async def test_without_migrations_the_schema_version_is_checked(
     db: Database, scratch_database
 ) -> None:
     assert shipped_head() == schema_head()  # the cheap reading agrees with Alembic's
-    checked = await Database.open(Settings(database_url=db.dsn, migrate=False))
+    checked = await Database.open(Settings(database_url=db.dsn, migrate=False).storage)
     await checked.close()
 
     async with scratch_database("unmigrated") as bare:
         with pytest.raises(
             StorageError, match=f"schema is at nothing, this code needs {schema_head()}"
         ):
-            await Database.open(Settings(database_url=bare, migrate=False))
+            await Database.open(Settings(database_url=bare, migrate=False).storage)
         async with await psycopg.AsyncConnection.connect(bare, autocommit=True) as conn:
             cur = await conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
             assert (await cur.fetchone()) == (0,)  # nothing was created
@@ -73,19 +73,19 @@ async def test_without_migrations_the_schema_version_is_checked(
 async def test_an_unreachable_database_is_a_clear_storage_error() -> None:
     settings = Settings(database_url="postgresql://nobody@127.0.0.1:1/nothing")
     with pytest.raises(StorageError, match="cannot reach or migrate the database"):
-        await Database.open(settings)
+        await Database.open(settings.storage)
 
 
 async def test_a_second_embedded_database_starts_and_stops_cleanly() -> None:
     folder = Path(tempfile.mkdtemp(prefix="cortex-ray-own-", dir="/tmp"))
     try:
-        database = await Database.open(Settings(data_dir=folder))
+        database = await Database.open(Settings(data_dir=folder).storage)
         assert database.embedded
         pid_file = folder / "pg" / "postmaster.pid"
         assert pid_file.exists()
         await database.close()
         assert not pid_file.exists()  # the server stopped with its last handle
-        reopened = await Database.open(Settings(data_dir=folder))  # data survives a restart
+        reopened = await Database.open(Settings(data_dir=folder).storage)  # data survives a restart
         async with reopened.transaction() as conn:
             cur = await conn.execute("SELECT version_num FROM alembic_version")
             assert (await cur.fetchone()) == {"version_num": schema_head()}
@@ -97,7 +97,7 @@ async def test_a_second_embedded_database_starts_and_stops_cleanly() -> None:
 def test_default_data_dir_keeps_root_out_of_home() -> None:
     import os
 
-    from cortex_ray._settings import default_data_dir
+    from cortex_ray.settings import default_data_dir
 
     path = default_data_dir()
     if os.geteuid() == 0:

@@ -143,18 +143,22 @@ def autonomous_wm() -> Any:
 
 async def test_a_repeated_lead_in_is_said_once_in_a_result_and_a_reply() -> None:
     model = ScriptedModelClient([finish("The final answer is: The final answer is: 42")])
-    decision = await AutonomousDriver(model, PromptComposer(), Settings()).decide(autonomous_wm())
+    decision = await AutonomousDriver(model, PromptComposer(), Settings().decide).decide(
+        autonomous_wm()
+    )
     assert decision.kind is DecisionKind.FINISH
     assert decision.message == "The final answer is: 42"
 
     model = ScriptedModelClient(["Answer: answer:  Sunday."])
-    decision = await InteractiveDriver(model, PromptComposer(), Settings()).decide(chat_wm("Day?"))
+    decision = await InteractiveDriver(model, PromptComposer()).decide(chat_wm("Day?"))
     assert decision.message == "Answer: Sunday."
 
 
 async def test_a_result_with_a_placeholder_is_refused_and_asked_again() -> None:
     model = ScriptedModelClient([finish("It is {{current_time}}."), finish("It is 09:30 UTC.")])
-    decision = await AutonomousDriver(model, PromptComposer(), Settings()).decide(autonomous_wm())
+    decision = await AutonomousDriver(model, PromptComposer(), Settings().decide).decide(
+        autonomous_wm()
+    )
     assert decision.message == "It is 09:30 UTC."
     note = model.requests[1].messages[-1].content or ""
     assert "{{current_time}}" in note and "call the tool current_time" in note
@@ -185,7 +189,7 @@ async def test_a_reply_with_a_placeholder_never_reaches_the_person() -> None:
     # again, and the person got a refusal).
     for reply in ("It's currently {{current_time}}.", "It is [insert current date and time]."):
         model = ScriptedModelClient([reply])
-        driver = InteractiveDriver(model, PromptComposer(), Settings())
+        driver = InteractiveDriver(model, PromptComposer())
         decision = await driver.decide(chat_wm("What time is it?"))
         assert decision.kind is DecisionKind.ACT and decision.action is not None
         assert decision.action.tool == "current_time" and decision.action.args == {}
@@ -196,7 +200,7 @@ async def test_a_reply_with_a_placeholder_never_reaches_the_person() -> None:
     model = ScriptedModelClient(
         ["I searched: [memory_search].", call("memory_search", arguments='{"query": "cat"}')]
     )
-    driver = InteractiveDriver(model, PromptComposer(), Settings())
+    driver = InteractiveDriver(model, PromptComposer())
     decision = await driver.decide(chat_wm("What is my cat called?"))
     assert decision.action is not None and decision.action.tool == "memory_search"
     retry = model.requests[1].messages
@@ -205,7 +209,7 @@ async def test_a_reply_with_a_placeholder_never_reaches_the_person() -> None:
 
     # twice: refused with the reason, nothing to send
     model = ScriptedModelClient(["It is {{ time }}.", "Still {{time}}."])
-    decision = await InteractiveDriver(model, PromptComposer(), Settings()).decide(chat_wm("Time?"))
+    decision = await InteractiveDriver(model, PromptComposer()).decide(chat_wm("Time?"))
     assert decision.failed and decision.message is None
     assert "{{time}}" in decision.reason and len(model.requests) == 2
 
@@ -216,7 +220,7 @@ async def test_a_reply_that_claims_a_write_no_tool_made_is_sent_back_once() -> N
     said = "I have stored the fact that your cat is called Tom in my long-term memory."
     fact = '{"subject": "cat", "fact": "the cat is called Tom"}'
     model = ScriptedModelClient([said, call("remember_fact", arguments=fact)])
-    driver = InteractiveDriver(model, PromptComposer(), Settings())
+    driver = InteractiveDriver(model, PromptComposer())
     decision = await driver.decide(chat_wm("My cat is called Tom. Remember that."))
     assert decision.action is not None and decision.action.tool == "remember_fact"
     note = model.requests[1].messages[-1].content or ""
@@ -229,7 +233,7 @@ async def test_a_reply_that_claims_a_write_no_tool_made_is_sent_back_once() -> N
         summary='{"remembered": true}',
     )
     model = ScriptedModelClient([said])
-    decision = await InteractiveDriver(model, PromptComposer(), Settings()).decide(
+    decision = await InteractiveDriver(model, PromptComposer()).decide(
         chat_wm("My cat is called Tom. Remember that.", observations=(stored,))
     )
     assert decision.kind is DecisionKind.REPLY and decision.message == said
@@ -239,14 +243,14 @@ async def test_a_reply_that_claims_a_write_no_tool_made_is_sent_back_once() -> N
 
 async def test_a_tool_call_cut_at_the_token_limit_is_refused() -> None:
     model = ScriptedModelClient([call("remember_fact", "length", '{"subject": "ca')])
-    decision = await InteractiveDriver(model, PromptComposer(), Settings()).decide(chat_wm("x"))
+    decision = await InteractiveDriver(model, PromptComposer()).decide(chat_wm("x"))
     assert decision.failed and decision.action is None
     assert "cut off at the token limit" in decision.reason
 
 
 async def test_tool_arguments_with_raw_control_characters_are_read() -> None:
     model = ScriptedModelClient([call("remember_fact", arguments='{"fact": "a\nb"}')])
-    decision = await InteractiveDriver(model, PromptComposer(), Settings()).decide(chat_wm("x"))
+    decision = await InteractiveDriver(model, PromptComposer()).decide(chat_wm("x"))
     assert decision.action is not None and decision.action.args == {"fact": "a\nb"}
 
 
@@ -274,7 +278,7 @@ async def test_the_packaged_model_calls_the_tool_a_question_needs(smollm2: Any) 
     model = Counting(smollm2)
     wm = chat_wm("What time is it?")
     assert "reply" in {t.name for t in wm.action_space}  # the agent may reply...
-    decision = await InteractiveDriver(model, PromptComposer(), Settings()).decide(wm)
+    decision = await InteractiveDriver(model, PromptComposer()).decide(wm)
     system = model.requests[0].messages[0].content or ""
     assert "- reply:" not in system  # ...but a reply is not listed as a tool to call
     assert decision.kind is DecisionKind.ACT and decision.action is not None
@@ -458,7 +462,7 @@ async def test_a_result_or_a_fact_holding_a_bracketed_tool_name_is_refused() -> 
     call_time = {"candidates": [{"tool": "current_time", "args": {}, "rationale": "r"}]}
     model = ScriptedModelClient([stored_placeholder, json.dumps(call_time)])
     wm = working_memory(AgentMode.AUTONOMOUS, action_space=(TIME, remember), max_steps=4)
-    decision = await AutonomousDriver(model, PromptComposer(), Settings()).decide(wm)
+    decision = await AutonomousDriver(model, PromptComposer(), Settings().decide).decide(wm)
     assert decision.action is not None and decision.action.tool == "current_time"
     note = model.requests[1].messages[-1].content or ""
     assert "fact: Your answer contained [current_time]" in note

@@ -100,7 +100,7 @@ def test_the_action_space_shows_each_tool_tier() -> None:
 
 async def test_every_dispatch_records_its_tier(store: Store, org: str) -> None:
     registry = ToolRegistry([*builtin_tools(), SEND, DROP])
-    gate = ToolDispatcher(registry, AccessControlService(), store, Settings())
+    gate = ToolDispatcher(registry, AccessControlService(), store, Settings().tools)
     agent = Agent(
         org_id=org,
         name="a",

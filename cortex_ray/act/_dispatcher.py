@@ -28,7 +28,6 @@ from uuid import UUID
 
 import jsonschema
 
-from cortex_ray._settings import Settings
 from cortex_ray._types import (
     ActionType,
     Agent,
@@ -64,6 +63,7 @@ from cortex_ray.observability import (
     scrub,
     tracer,
 )
+from cortex_ray.settings import ToolOptions, TracingOptions
 from cortex_ray.storage import AuditEntry, Store
 
 __all__ = ["Dispatch", "InvocationContext", "ToolDispatcher", "ToolHook"]
@@ -238,8 +238,9 @@ class ToolDispatcher:
         registry: ToolRegistry,
         access: AccessControlService,
         store: Store,
-        settings: Settings,
+        options: ToolOptions,
         *,
+        tracing: TracingOptions | None = None,
         memory: Any = None,
         hooks: Sequence[ToolHook] = (),
         governance: ConnectorPolicy | None = None,
@@ -252,7 +253,10 @@ class ToolDispatcher:
         """Decides the calls of connectors' tools; without it every such call is denied."""
         self.access = access
         self.store = store
-        self.settings = settings
+        self.options = options
+        """``Settings.tools``: the call timeout, the observation bound, the inline payloads."""
+        self.tracing = tracing or TracingOptions()
+        """``Settings.tracing``: whether tool arguments and results go into spans."""
         self.memory = memory
         self.hooks = list(hooks)
         # Compiled argument validators by tool name, with the schema each was built from
@@ -363,7 +367,7 @@ class ToolDispatcher:
             span.set_attribute("cortex.access", access)
             if observation.status is not ObservationStatus.OK:
                 span.set_status(Status(StatusCode.ERROR, observation.status.value))
-            tracing = self.settings.tracing
+            tracing = self.tracing
             if tracing.capture_content and span.is_recording():
                 span.set_attribute(
                     GEN_AI_TOOL_CALL_ARGUMENTS, captured(args, tracing.max_content_chars)
@@ -443,7 +447,7 @@ class ToolDispatcher:
         facts: _CallFacts | None = None,
     ) -> AuditEntry:
         facts = facts or _CallFacts()
-        limit = self.settings.payload_inline_bytes
+        limit = self.options.payload_inline_bytes
         payloads: list[tuple[str, str]] = []
         stored_args: dict[str, Any] = args if isinstance(args, dict) else {"_invalid": repr(args)}
         args_ref = None
@@ -611,7 +615,7 @@ class ToolDispatcher:
             if veto:
                 return refuse(f"hook: {veto}")
 
-        timeout = tool.timeout_s or self.settings.tool_timeout_s
+        timeout = tool.timeout_s or self.options.timeout_s
         status, reason, output = ObservationStatus.OK, None, None
         try:
             async with asyncio.timeout(timeout):
@@ -639,9 +643,9 @@ class ToolDispatcher:
         facts.result_sha256 = _sha256(full)
         facts.source_ids = _source_ids(output)
         facts.source_versions = _source_versions(output)
-        if len(full) > self.settings.payload_inline_bytes:
+        if len(full) > self.options.payload_inline_bytes:
             facts.result_payload = json.dumps(scrub(output), default=str, ensure_ascii=False)
-        bounded, text, truncated = _bound(output, self.settings.tool_output_chars, full)
+        bounded, text, truncated = _bound(output, self.options.output_chars, full)
         obs = Observation(
             tool=name,
             action_type=action_type,

@@ -31,12 +31,12 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from cortex_ray._exceptions import CortexError, InvalidRequestError
-from cortex_ray._settings import load_settings
 from cortex_ray._shutdown import Interrupted, run_stoppable
 from cortex_ray._types import Principal
 from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import HashEmbedder
 from cortex_ray.runtime import Runtime
+from cortex_ray.settings import load_settings
 
 __all__ = [
     "EXIT_ERROR",
@@ -128,7 +128,7 @@ async def open_runtime(*, with_models: bool) -> AsyncIterator[Runtime]:
     """An open runtime, always closed again. Without models it loads neither model file,
     which keeps the bookkeeping commands fast."""
     settings = load_settings()
-    where = "connecting to PostgreSQL" if settings.database_url else "starting PostgreSQL"
+    where = "connecting to PostgreSQL" if settings.storage.database_url else "starting PostgreSQL"
     label = f"{where} and loading models…" if with_models else f"{where}…"
     with err.status(label):
         if with_models:

@@ -126,7 +126,7 @@ def schedules_create(
                 max_steps=max_steps,
                 max_seconds=max_seconds or None,
                 run_mode=run_mode,
-                max_steps_limit=runtime.settings.max_steps_limit,
+                max_steps_limit=runtime.settings.decide.max_steps_limit,
                 principal=Principal.operator(org),
             )
         nxt = made.next_run_at.isoformat(timespec="seconds") if made.next_run_at else "-"

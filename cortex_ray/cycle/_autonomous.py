@@ -17,7 +17,6 @@ from typing import Any
 from uuid import UUID
 
 from cortex_ray._exceptions import LeaseLost
-from cortex_ray._settings import RunPolicy
 from cortex_ray._types import Agent, Observation, RunCost, RunStatus, Step, TaskRun, utcnow
 from cortex_ray.act import ToolDispatcher
 from cortex_ray.cycle._approvals import RunApprovals
@@ -44,6 +43,7 @@ from cortex_ray.observability import (
     end_run_span,
     tracer,
 )
+from cortex_ray.settings import RunPolicy
 from cortex_ray.storage import RunLease, RunLeases, Store
 
 __all__ = ["AutonomousLoop"]

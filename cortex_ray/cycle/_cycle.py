@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from cortex_ray._settings import Settings
 from cortex_ray._types import (
     Agent,
     Observation,
@@ -27,6 +26,7 @@ from cortex_ray.decide import AutonomousDriver, InteractiveDriver
 from cortex_ray.governance import GovernanceStore, WorkflowStore
 from cortex_ray.learn import Learner
 from cortex_ray.perceive import WorkingMemoryAssembler
+from cortex_ray.settings import Settings
 from cortex_ray.storage import Database, RunLeases, Store, TurnLease
 
 __all__ = ["DecisionCycle"]
@@ -60,7 +60,9 @@ class DecisionCycle:
         self.interactive = interactive
         self.learner = learner
         self.leases = RunLeases(db)  # one driver per run: held, renewed, fenced writes
-        self.approvals = GovernanceStore(db, payload_inline_bytes=settings.payload_inline_bytes)
+        self.approvals = GovernanceStore(
+            db, payload_inline_bytes=settings.tools.payload_inline_bytes
+        )
         self.workflows = WorkflowStore(db)  # a workflow run's allow-list and evidence
         self._step = SharedStep(
             settings=settings, registry=registry, assembler=assembler, dispatcher=dispatcher
@@ -72,7 +74,7 @@ class DecisionCycle:
             approvals=self.approvals,
             dispatcher=dispatcher,
             learner=learner,
-            ttl_s=settings.approval_ttl_s,
+            ttl_s=settings.governance.approval_ttl_s,
         )
         self._runs = AutonomousLoop(
             policy=settings.runs,
@@ -91,13 +93,13 @@ class DecisionCycle:
                 store=store,
                 learner=learner,
                 approvals=run_approvals,
-                record=settings.record_decisions,
+                record=settings.decide.record_decisions,
             ),
             timelines=timelines,
         )
         self._turns = InteractiveTurn(
-            max_tool_rounds=settings.max_tool_rounds,
-            conversation_window=settings.conversation_window,
+            max_tool_rounds=settings.decide.max_tool_rounds,
+            conversation_window=settings.decide.conversation_window,
             store=store,
             dispatcher=dispatcher,
             driver=interactive,
@@ -105,8 +107,8 @@ class DecisionCycle:
             approvals=TurnApprovals(
                 approvals=self.approvals,
                 dispatcher=dispatcher,
-                ttl_s=settings.approval_ttl_s,
-                poll_s=settings.approval_poll_s,
+                ttl_s=settings.governance.approval_ttl_s,
+                poll_s=settings.governance.approval_poll_s,
             ),
             step=self._step,
             timelines=timelines,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cortex_ray._settings import Settings
 from cortex_ray.decide import AutonomousDriver, Critic, InteractiveDriver
 from cortex_ray.models import ModelClient, RecordingModelClient
 from cortex_ray.perceive import PromptComposer
+from cortex_ray.settings import Settings
 
 __all__ = ["Drivers", "build_drivers"]
 
@@ -41,19 +41,24 @@ def build_drivers(
     from a recording passes ``recorded=False`` (its calls are the recording's own).
     """
     composer = PromptComposer(
-        show_action_space=settings.show_action_space,
-        earlier_chars=settings.progress_earlier_chars,
+        show_action_space=settings.decide.show_action_space,
+        earlier_chars=settings.decide.progress_earlier_chars,
     )
     deciding = _recorder(model, settings) if recorded else model
     reviewing = deciding
     if critic_model is not None:
         reviewing = _recorder(critic_model, settings) if recorded else critic_model
-    critic = Critic(reviewing, composer, settings, independent=critic_model is not None)
+    retries = settings.models.structured_retries
+    critic = Critic(
+        reviewing, composer, structured_retries=retries, independent=critic_model is not None
+    )
     return Drivers(
         composer=composer,
         critic=critic,
-        autonomous=AutonomousDriver(deciding, composer, settings, critic=critic),
-        interactive=InteractiveDriver(deciding, composer, settings, critic=critic),
+        autonomous=AutonomousDriver(
+            deciding, composer, settings.decide, structured_retries=retries, critic=critic
+        ),
+        interactive=InteractiveDriver(deciding, composer, critic=critic),
     )
 
 

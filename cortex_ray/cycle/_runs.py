@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from cortex_ray._settings import DiagnosticsOptions
 from cortex_ray._types import (
     Agent,
     AgentAction,
@@ -25,6 +24,7 @@ from cortex_ray.act import InvocationContext
 from cortex_ray.governance import Approval, WorkflowVersion
 from cortex_ray.learn import Learner
 from cortex_ray.observability import diagnostics, metrics
+from cortex_ray.settings import DiagnosticsOptions
 from cortex_ray.storage import RunLease, Store
 
 __all__ = [

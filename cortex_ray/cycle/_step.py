@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cortex_ray._settings import DECIDE_SETTINGS, Settings
 from cortex_ray._types import (
     AgentAction,
     Decision,
@@ -28,6 +27,7 @@ from cortex_ray.act import Dispatch, InvocationContext, ToolDispatcher, ToolRegi
 from cortex_ray.models import recording
 from cortex_ray.observability import metrics, tracer
 from cortex_ray.perceive import WorkingMemoryAssembler, shown_note
+from cortex_ray.settings import DECIDE_SETTINGS, Settings, setting_value
 
 __all__ = ["BeforeAct", "CycleStep", "Decide", "SharedStep", "decided", "phase_done"]
 
@@ -60,7 +60,9 @@ class SharedStep:
         assembler: WorkingMemoryAssembler,
         dispatcher: ToolDispatcher,
     ) -> None:
-        self._decide_settings: dict[str, Any] = {k: getattr(settings, k) for k in DECIDE_SETTINGS}
+        self._decide_settings: dict[str, Any] = {
+            k: setting_value(settings, k) for k in DECIDE_SETTINGS
+        }
         self._registry = registry
         self._assembler = assembler
         self._dispatcher = dispatcher

@@ -42,7 +42,6 @@ from typing import Any
 import jsonschema
 
 from cortex_ray._exceptions import ModelError
-from cortex_ray._settings import Settings
 from cortex_ray._types import (
     ActionType,
     AgentAction,
@@ -64,14 +63,15 @@ from cortex_ray.decide._critic import Critic
 from cortex_ray.models import ModelClient, structured_call
 from cortex_ray.observability import tracer
 from cortex_ray.perceive import PromptComposer, is_answer_part, objective_parts, repeat_of
+from cortex_ray.settings import STRUCTURED_RETRIES, DecideOptions
 
 __all__ = ["NO_MODEL_REASON", "AutonomousDriver", "no_judgement", "nothing_left"]
 
 log = logging.getLogger("cortex_ray.decide")
 
 NO_MODEL_REASON = (
-    "no model configured: set CORTEX_MODEL_BACKEND=local (the packaged CORTEX_MODEL_NAME) or "
-    "CORTEX_MODEL_BACKEND=openai with CORTEX_MODEL_URL"
+    "no model configured: set CORTEX_MODELS__BACKEND=local (the packaged CORTEX_MODELS__NAME) "
+    "or CORTEX_MODELS__BACKEND=openai with CORTEX_MODELS__URL"
 )
 
 
@@ -402,13 +402,17 @@ class AutonomousDriver:
         self,
         model: ModelClient | None,
         composer: PromptComposer,
-        settings: Settings,
+        options: DecideOptions,
         *,
+        structured_retries: int = STRUCTURED_RETRIES,
         critic: Critic | None = None,
     ) -> None:
         self.model = model
         self.composer = composer
-        self.settings = settings
+        self.options = options
+        """``Settings.decide``: K, the evaluation, the repeats that stop a run."""
+        self.structured_retries = structured_retries
+        """``Settings.models.structured_retries``."""
         self.critic = critic
 
     async def _propose(
@@ -442,7 +446,7 @@ class AutonomousDriver:
             schema=proposal_schema(tools, k, remaining=remaining, parts=len(parts)),
             validate=validate,
             schema_name="proposals",
-            retries=self.settings.structured_retries,
+            retries=self.structured_retries,
         )
         evidence = evidence_of(wm)
         learning = {t.name for t in held if t.action_type is ActionType.LEARNING}
@@ -499,7 +503,7 @@ class AutonomousDriver:
                 schema=finish_schema(),
                 validate=validate,
                 schema_name="final_answer",
-                retries=self.settings.structured_retries,
+                retries=self.structured_retries,
             )
         except ModelError as exc:
             log.info("asking for the final answer failed: %s", exc)
@@ -576,7 +580,7 @@ class AutonomousDriver:
         if self.model is None:
             return Decision(kind=DecisionKind.FINISH, failed=True, reason=NO_MODEL_REASON)
         model = self.model
-        k = self.settings.candidates
+        k = self.options.candidates
         tools = wm.action_space + wm.hidden_tools  # a chosen tool may be a held, unshown one
         notes: list[str] = []
         with tracer.start_as_current_span("propose", attributes={"cortex.k": k}):
@@ -626,10 +630,10 @@ class AutonomousDriver:
         selectable = [c for c in valid if not c.repeats and not c.unsupported] or valid
         scores: dict[int, float] = {}
         assessments: dict[int, str] = {}
-        choice = self.settings.evaluation == "choice"
+        choice = self.options.evaluation == "choice"
         if len(selectable) > 1:
             with tracer.start_as_current_span(
-                "evaluate", attributes={"cortex.evaluation": self.settings.evaluation}
+                "evaluate", attributes={"cortex.evaluation": self.options.evaluation}
             ):
                 try:
                     if choice:
@@ -639,7 +643,7 @@ class AutonomousDriver:
                             schema=choice_schema(selectable),
                             validate=lambda raw: parse_choice(raw, selectable),
                             schema_name="choice",
-                            retries=self.settings.structured_retries,
+                            retries=self.structured_retries,
                         )
                         scores = {c.index: 10.0 if c.index == best else 0.0 for c in selectable}
                     else:
@@ -649,7 +653,7 @@ class AutonomousDriver:
                             schema=score_schema(len(selectable)),
                             validate=lambda raw: parse_scores(raw, selectable),
                             schema_name="scores",
-                            retries=self.settings.structured_retries,
+                            retries=self.structured_retries,
                         )
                 except ModelError as exc:
                     log.warning("evaluation failed, keeping the planner's order: %s", exc)
@@ -678,7 +682,7 @@ class AutonomousDriver:
         ]
         if chosen.repeats:
             notes.append(f"repeats step {chosen.repeats}")
-            limit = self.settings.stop_after_repeats
+            limit = self.options.stop_after_repeats
             if limit and _repeats_in_a_row(wm) + 1 >= limit:
                 # Nothing new for `limit` steps: the rest of the budget would go the same way
                 # (Qwen 1.5B called the same failing knowledge_search five times running).

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from cortex_ray._exceptions import ModelError
-from cortex_ray._settings import Settings
 from cortex_ray._types import WorkingMemory
 from cortex_ray.decide._answers import collapse_lead_in, placeholders
 from cortex_ray.models import ChatMessage, ModelClient, structured_call
 from cortex_ray.observability import tracer
 from cortex_ray.perceive import PromptComposer, call_text
+from cortex_ray.settings import STRUCTURED_RETRIES
 
 __all__ = ["PROBLEMS_CHARS", "Critic", "Review", "critique_schema"]
 
@@ -111,13 +111,14 @@ class Critic:
         self,
         model: ModelClient | None,
         composer: PromptComposer,
-        settings: Settings,
         *,
+        structured_retries: int = STRUCTURED_RETRIES,
         independent: bool,
     ) -> None:
         self.model = model
         self.composer = composer
-        self.settings = settings
+        self.structured_retries = structured_retries
+        """``Settings.models.structured_retries``."""
         self.independent = independent
 
     def _review_prompt(self, wm: WorkingMemory, draft: str) -> list[ChatMessage]:
@@ -154,7 +155,7 @@ class Critic:
                     schema=critique_schema(),
                     validate=_parse_critique,
                     schema_name="critique",
-                    retries=self.settings.structured_retries,
+                    retries=self.structured_retries,
                 )
             except ModelError as exc:
                 log.info("the critic failed; the draft stands: %s", exc)
@@ -196,7 +197,7 @@ class Critic:
                 schema=revision_schema(),
                 validate=validate,
                 schema_name="revision",
-                retries=self.settings.structured_retries,
+                retries=self.structured_retries,
             )
         except ModelError as exc:
             log.info("the revision failed; the first draft stands: %s", exc)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cortex_ray._settings import Settings
 from cortex_ray._types import (
     ActionType,
     AgentAction,
@@ -63,13 +62,11 @@ class InteractiveDriver:
         self,
         model: ModelClient | None,
         composer: PromptComposer,
-        settings: Settings,
         *,
         critic: Critic | None = None,
     ) -> None:
         self.model = model
         self.composer = composer
-        self.settings = settings
         self.critic = critic
 
     async def decide(self, wm: WorkingMemory, *, allow_tools: bool = True) -> Decision:

@@ -23,7 +23,6 @@ from typing import Any
 from pydantic import ConfigDict, create_model
 
 from cortex_ray._exceptions import ModelError
-from cortex_ray._settings import DECIDE_SETTINGS, Settings
 from cortex_ray._types import Decision, DecisionKind, Observation, RunStatus
 from cortex_ray.cycle import build_drivers
 from cortex_ray.evals._cassette import CassettePlayer, ReplayDivergence
@@ -41,6 +40,7 @@ from cortex_ray.evals._types import (
     call_key,
 )
 from cortex_ray.models import ModelClient, recording
+from cortex_ray.settings import DECIDE_SETTINGS, Settings, setting_field
 
 __all__ = ["decide_settings", "replay", "run_case"]
 
@@ -78,7 +78,7 @@ def _tool_correctness(recorded: list[str], made: list[str]) -> float:
 _DecideSettings = create_model(  # the DECIDE settings' own types and bounds, for overrides
     "DecideSettings",
     __config__=ConfigDict(extra="forbid"),
-    **{k: (Settings.model_fields[k].annotation, Settings.model_fields[k]) for k in DECIDE_SETTINGS},  # type: ignore[call-overload]
+    **{k: (setting_field(k).annotation, setting_field(k)) for k in DECIDE_SETTINGS},  # type: ignore[call-overload]
 )
 
 

@@ -6,7 +6,6 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from cortex_ray._settings import Settings
 from cortex_ray._types import utcnow
 from cortex_ray.evals._replay import decide_settings, run_case
 from cortex_ray.evals._types import (
@@ -19,6 +18,7 @@ from cortex_ray.evals._types import (
     SuiteMetrics,
 )
 from cortex_ray.models import ModelClient
+from cortex_ray.settings import Settings
 
 __all__ = ["compare_runs", "run_suite", "suite_metrics"]
 

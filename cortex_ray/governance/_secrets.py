@@ -1,7 +1,7 @@
 """Per-organisation secrets (issue 18, point 7): connector credentials, encrypted at rest.
 
 Each value is sealed with AES-256-GCM under one key from the environment
-(``CORTEX_SECRET_KEY``) or a file (``CORTEX_SECRET_KEY_FILE``, default
+(``CORTEX_GOVERNANCE__SECRET_KEY``) or a file (``CORTEX_GOVERNANCE__SECRET_KEY_FILE``, default
 ``<data_dir>/secret.key``, made with mode 0600 on first use); the organisation and the
 secret's name are the associated data, so a ciphertext copied to another organisation's
 row, or another name, does not open. Values leave the store only into a tool's handler
@@ -9,8 +9,8 @@ row, or another name, does not open. Values leave the store only into a tool's h
 the API lists names, never values, and the gate redacts any value a call read from what the
 call returns before it is kept or shown (audit, step log, model, diagnostics).
 
-**Rotation.** The older keys in ``CORTEX_SECRET_PREVIOUS_KEYS`` still open what they sealed
-(the current key is tried first); ``SecretStore.rotate`` re-seals every row that only an
+**Rotation.** The older keys in ``CORTEX_GOVERNANCE__SECRET_PREVIOUS_KEYS`` still open what
+they sealed (the current key is tried first); ``SecretStore.rotate`` re-seals every row that only an
 older key opens under the current one, under a lock, so that the older keys can then be
 dropped.
 """
@@ -34,8 +34,8 @@ from cortex_ray._exceptions import (
     InvalidRequestError,
     NotFoundError,
 )
-from cortex_ray._settings import Settings
 from cortex_ray._types import utcnow
+from cortex_ray.settings import GovernanceOptions
 from cortex_ray.storage import Database
 
 __all__ = ["Rotation", "SecretInfo", "SecretStore", "load_previous_keys", "load_secret_key"]
@@ -44,18 +44,18 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")
 MAX_SECRET_BYTES = 16_384
 
 
-def load_secret_key(settings: Settings) -> bytes:
-    """The 32-byte key: ``secret_key``, else ``secret_key_file``, else ``data_dir/secret.key``
-    (made on first use).
+def load_secret_key(options: GovernanceOptions, data_dir: Path) -> bytes:
+    """The 32-byte key: ``options.secret_key``, else ``options.secret_key_file``, else
+    ``data_dir/secret.key`` (``Settings.storage.data_dir``; made on first use).
 
     Raises:
         ConfigurationError: A key that is not 32 bytes of urlsafe base64.
     """
-    if settings.secret_key is not None:
-        text = settings.secret_key.get_secret_value()
-        where = "CORTEX_SECRET_KEY"
+    if options.secret_key is not None:
+        text = options.secret_key.get_secret_value()
+        where = "CORTEX_GOVERNANCE__SECRET_KEY"
     else:
-        path = settings.secret_key_file or Path(settings.data_dir) / "secret.key"
+        path = options.secret_key_file or Path(data_dir) / "secret.key"
         where = str(path)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,16 +76,19 @@ def _key(text: str, where: str) -> bytes:
     return key
 
 
-def load_previous_keys(settings: Settings) -> list[bytes]:
+def load_previous_keys(options: GovernanceOptions) -> list[bytes]:
     """The older keys still accepted for reading (``secret_previous_keys``), in order.
 
     Raises:
         ConfigurationError: One is not 32 bytes of urlsafe base64 (its position says which).
     """
-    if settings.secret_previous_keys is None:
+    if options.secret_previous_keys is None:
         return []
-    parts = [p for p in settings.secret_previous_keys.get_secret_value().split(",") if p.strip()]
-    return [_key(p, f"CORTEX_SECRET_PREVIOUS_KEYS, key {i + 1}") for i, p in enumerate(parts)]
+    parts = [p for p in options.secret_previous_keys.get_secret_value().split(",") if p.strip()]
+    return [
+        _key(p, f"CORTEX_GOVERNANCE__SECRET_PREVIOUS_KEYS, key {i + 1}")
+        for i, p in enumerate(parts)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,21 +115,24 @@ class SecretInfo:
 class SecretStore:
     """Sealed per-organisation secrets (see the module docstring)."""
 
-    def __init__(self, db: Database, settings: Settings) -> None:
+    def __init__(self, db: Database, options: GovernanceOptions, data_dir: Path) -> None:
+        """``options``: ``Settings.governance`` (the keys); ``data_dir``:
+        ``Settings.storage.data_dir`` (where the key file is made when none is given)."""
         self.db = db
-        self._settings = settings
+        self._options = options
+        self._data_dir = data_dir
         self._aead: AESGCM | None = None
         self._older: list[AESGCM] | None = None
 
     def _cipher(self) -> AESGCM:
         if self._aead is None:  # the key is read when a secret is first used
-            self._aead = AESGCM(load_secret_key(self._settings))
+            self._aead = AESGCM(load_secret_key(self._options, self._data_dir))
         return self._aead
 
     def _ciphers(self) -> list[AESGCM]:
         """The current key's cipher first, then the older keys' (for reading only)."""
         if self._older is None:
-            self._older = [AESGCM(k) for k in load_previous_keys(self._settings)]
+            self._older = [AESGCM(k) for k in load_previous_keys(self._options)]
         return [self._cipher(), *self._older]
 
     def _open(self, org_id: str, name: str, nonce: bytes, sealed: bytes) -> tuple[bytes, int]:

@@ -18,7 +18,7 @@ from uuid import UUID
 import typer
 
 from cortex_ray._exceptions import InvalidRequestError
-from cortex_ray._settings import IngestJobOptions
+from cortex_ray.settings import IngestJobOptions
 
 __all__ = [
     "EXTRACT_JOB",

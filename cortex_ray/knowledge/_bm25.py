@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cortex_ray._settings import RetrievalConfig
+from cortex_ray.settings import RetrievalConfig
 
 __all__ = [
     "BM25_B",

@@ -25,7 +25,6 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from cortex_ray._exceptions import InvalidRequestError, NotFoundError
-from cortex_ray._settings import load_settings
 from cortex_ray.knowledge._bm25 import Analyzer
 from cortex_ray.knowledge._connection import WriterConnection
 from cortex_ray.knowledge._sql import (
@@ -36,6 +35,7 @@ from cortex_ray.knowledge._sql import (
     stage_name,
 )
 from cortex_ray.knowledge._types import GarbageReport, Generation, PublishReport, SourceVersion
+from cortex_ray.settings import load_settings
 
 __all__ = [
     "RETIRED_MARK",

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 from psycopg import sql
 
 from cortex_ray._sync import SyncConn
+from cortex_ray._types import EMBEDDING_DIM
 from cortex_ray.knowledge._bm25 import BM25_B, BM25_K1
 
 __all__ = [
@@ -47,7 +48,8 @@ __all__ = [
     "vector_literal",
 ]
 
-DIM = 384
+DIM = EMBEDDING_DIM
+"""The schema's vector dimension (``cortex_ray._types.EMBEDDING_DIM``)."""
 
 
 def vector_literal(vector: NDArray[np.float32] | Sequence[float]) -> str:

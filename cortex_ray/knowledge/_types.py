@@ -9,8 +9,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
-from cortex_ray._settings import Fusion, RetrievalConfig
 from cortex_ray.knowledge._split import SplitPassage, SplitSection
+from cortex_ray.settings import Fusion, RetrievalConfig
 
 __all__ = [
     "Document",

@@ -7,6 +7,7 @@ See ``cortex_ray.memory._service`` for the bitemporal model and
 ``cortex_ray.memory._recall`` for the recall score.
 """
 
+from cortex_ray._types import EMBEDDING_DIM
 from cortex_ray.memory._extraction import normalise_subject
 from cortex_ray.memory._importance import (
     HeuristicImportanceScorer,
@@ -14,7 +15,6 @@ from cortex_ray.memory._importance import (
     ModelImportanceScorer,
 )
 from cortex_ray.memory._service import (
-    EMBEDDING_DIM,
     MemoryService,
     PreparedMemory,
     importance_scorer_for,

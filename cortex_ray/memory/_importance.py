@@ -125,7 +125,7 @@ class ModelImportanceScorer:
 
     Args:
         model: The chat model to ask.
-        retries: Retries of a malformed answer (``Settings.structured_retries``).
+        retries: Retries of a malformed answer (``Settings.models.structured_retries``).
         fallback: The scorer used when the model cannot answer (and, when deferred, the
             score a memory is written with).
         timeout_s: The longest one scoring waits for the model (``None``: no bound of its

@@ -81,8 +81,8 @@ from cortex_ray._exceptions import (
     ModelError,
     NotFoundError,
 )
-from cortex_ray._settings import Settings
 from cortex_ray._types import (
+    EMBEDDING_DIM,
     MemoryKind,
     MemoryRecord,
     MemorySnapshot,
@@ -116,14 +116,12 @@ from cortex_ray.memory._recall import (
     visibility,
 )
 from cortex_ray.models import Embedder, ModelClient, embed, structured_call
+from cortex_ray.settings import STRUCTURED_RETRIES, MemoryOptions
 from cortex_ray.storage import Conn, Database
 
-__all__ = ["EMBEDDING_DIM", "MemoryService", "PreparedMemory", "importance_scorer_for"]
+__all__ = ["MemoryService", "PreparedMemory", "importance_scorer_for"]
 
 log = logging.getLogger("cortex_ray.memory")
-
-EMBEDDING_DIM = 384
-"""The dimension of ``memories.embedding`` (``vector(384)`` in the schema)."""
 
 _INSERT_TEMPLATE = sql.SQL(
     """
@@ -192,8 +190,14 @@ _BY_KEY = (
 )
 
 
-def importance_scorer_for(settings: Settings, model: ModelClient | None) -> ImportanceScorer:
-    """The scorer the settings ask for: the model's, with the heuristic as its fallback.
+def importance_scorer_for(
+    options: MemoryOptions,
+    model: ModelClient | None,
+    *,
+    structured_retries: int = STRUCTURED_RETRIES,
+) -> ImportanceScorer:
+    """The scorer the memory options ask for: the model's, with the heuristic as its fallback
+    (``structured_retries``: ``Settings.models.structured_retries``).
 
     Returns the heuristic alone when no model is configured or
     ``importance_scoring == "heuristic"``. The model's scorer waits at most
@@ -201,14 +205,14 @@ def importance_scorer_for(settings: Settings, model: ModelClient | None) -> Impo
     memories are written with the heuristic score and rescored after the write.
     """
     heuristic = HeuristicImportanceScorer()
-    if model is None or settings.importance_scoring == "heuristic":
+    if model is None or options.importance_scoring == "heuristic":
         return heuristic
     return ModelImportanceScorer(
         model,
-        settings.structured_retries,
+        structured_retries,
         heuristic,
-        timeout_s=settings.importance_timeout_s,
-        deferred=settings.importance_mode == "background",
+        timeout_s=options.importance_timeout_s,
+        deferred=options.importance_mode == "background",
     )
 
 
@@ -256,13 +260,15 @@ class MemoryService:
     Args:
         db: The database (its pool registers pgvector and sets iterative HNSW scans).
         embedder: Embeds memories and queries; must produce 384-dimensional vectors.
-        settings: Recall weights, ``recall_k``, ``recall_candidates``, recency decay and
-            structured-output retries.
+        options: ``Settings.memory``: recall weights, ``recall_k``, ``recall_candidates``,
+            recency decay, the background rescoring's bounds.
         importance: Scores a memory's importance when the writer gives none. A deferred
             ``ModelImportanceScorer`` (``importance_mode="background"``) is not waited for:
             the memory is written with its fallback's score and rescored in the background
             (``importance_rescore_concurrency`` at once, ``importance_rescore_queue`` waiting);
             :meth:`aclose` stops that.
+        structured_retries: Retries of a malformed fact extraction
+            (``Settings.models.structured_retries``).
 
     Raises:
         ConfigurationError: The embedder's dimension does not match the schema.
@@ -272,8 +278,10 @@ class MemoryService:
         self,
         db: Database,
         embedder: Embedder,
-        settings: Settings,
+        options: MemoryOptions,
         importance: ImportanceScorer,
+        *,
+        structured_retries: int = STRUCTURED_RETRIES,
     ) -> None:
         if embedder.dim != EMBEDDING_DIM:
             raise ConfigurationError(
@@ -282,15 +290,16 @@ class MemoryService:
             )
         self.db = db
         self.embedder = embedder
-        self.settings = settings
+        self.options = options
+        self.structured_retries = structured_retries
         self.importance = importance
         self.rescorer: ImportanceRescorer | None = None
         if isinstance(importance, ModelImportanceScorer) and importance.deferred:
             self.rescorer = ImportanceRescorer(
                 importance,
                 self._set_importance,
-                concurrency=settings.importance_rescore_concurrency,
-                queue_size=settings.importance_rescore_queue,
+                concurrency=options.importance_rescore_concurrency,
+                queue_size=options.importance_rescore_queue,
             )
 
     async def aclose(self) -> None:
@@ -613,7 +622,7 @@ class MemoryService:
             org_id: The organisation.
             agent_id: The agent whose memories are searched.
             query: The text to recall for.
-            k: How many to return (default ``settings.recall_k``).
+            k: How many to return (default ``options.recall_k``).
             kinds: Only these kinds (default: all).
             valid_at: Valid time of an as-of read.
             known_at: Record time of an as-of read.
@@ -622,7 +631,7 @@ class MemoryService:
         Returns:
             Scored memories, best first; ties go to the most recently recorded.
         """
-        k = self.settings.recall_k if k is None else k
+        k = self.options.recall_k if k is None else k
         if k <= 0:
             return []
         embedding = (await embed(self.embedder, [query]))[0]
@@ -630,21 +639,21 @@ class MemoryService:
         statement = recall_statement(
             with_kinds=kinds is not None, visible=visible, without_run=exclude_run is not None
         )
-        decay = self.settings.recency_decay_per_hour
+        decay = self.options.recency_decay_per_hour
         params |= {
             "org_id": org_id,
             "agent_id": agent_id,
             "query": np.asarray(embedding, dtype=np.float32),
-            "n": max(self.settings.recall_candidates, k),
+            "n": max(self.options.recall_candidates, k),
             "k": k,
             # Python's clock, not the database's: recency works in hours, where a little
             # skew between the two does not change the order.
             "now": utcnow(),
             "decay": decay,
             "recency_floor": 1.0 - decay,
-            "alpha": self.settings.recall_alpha,
-            "beta": self.settings.recall_beta,
-            "gamma": self.settings.recall_gamma,
+            "alpha": self.options.recall_alpha,
+            "beta": self.options.recall_beta,
+            "gamma": self.options.recall_gamma,
         }
         if kinds is not None:
             params["kinds"] = [MemoryKind(kind).value for kind in kinds]
@@ -672,7 +681,7 @@ class MemoryService:
             org_id: The organisation.
             agent_id: The agent.
             query: What the cycle is about (the objective or the person's message).
-            k: How many memories (default ``settings.recall_k``).
+            k: How many memories (default ``options.recall_k``).
             exclude_run: The run this cycle belongs to: its own steps are already in
                 working memory as observations, so its memories are not recalled.
         """
@@ -769,7 +778,7 @@ class MemoryService:
 
         Returns:
             The facts written. ``[]`` also when the model fails or its output is still
-            malformed after ``settings.structured_retries`` retries (logged, not raised):
+            malformed after ``structured_retries`` retries (logged, not raised):
             a lost extraction must not fail the end of a session.
         """
         if model is None or not conversation:
@@ -781,7 +790,7 @@ class MemoryService:
                 schema=FACTS_SCHEMA,
                 validate=validate_facts,
                 schema_name="facts",
-                retries=self.settings.structured_retries,
+                retries=self.structured_retries,
                 temperature=0.0,
             )
         except ModelError as exc:  # StructuredOutputError included

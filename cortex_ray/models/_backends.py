@@ -1,5 +1,5 @@
 """The one registry of model backends: how a runtime gets its chat model, embedder and
-reranker from the settings' ``model_backend`` and ``embedding_backend``.
+reranker from the settings' ``models.backend`` and ``embeddings.backend``.
 
 The core registers the backends it can open in any process (``local``, ``openai``,
 ``none``, ``hash``). Other layers add theirs without the core importing them: the Ray
@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from cortex_ray._exceptions import ConfigurationError
-from cortex_ray._settings import Settings
+from cortex_ray._types import EMBEDDING_DIM
 from cortex_ray.models._protocol import ModelClient
 from cortex_ray.models.embeddings import Embedder, HashEmbedder
 from cortex_ray.models.reranking import Reranker
+from cortex_ray.settings import Settings
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -54,7 +55,9 @@ class ModelParts:
 
 BackendOpener = Callable[[Settings, frozenset[ModelSlot]], Awaitable[ModelParts]]
 """Opens the asked slots from the settings. Raise ``ConfigurationError`` for what it cannot
-open (say which setting to change)."""
+open (say which setting to change). It takes the whole ``Settings``, not one group: a
+backend reads ``models``, ``embeddings`` and ``storage.data_dir``, and a backend of another
+layer (the entry point group) may read more; it is the models room's composition point."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +120,9 @@ async def open_models(
     wanted = frozenset(slots)
     by_backend: dict[str, set[ModelSlot]] = {}
     if "chat" in wanted:
-        by_backend.setdefault(settings.model_backend, set()).add("chat")
+        by_backend.setdefault(settings.models.backend, set()).add("chat")
     if "embedder" in wanted:
-        by_backend.setdefault(settings.embedding_backend, set()).add("embedder")
+        by_backend.setdefault(settings.embeddings.backend, set()).add("embedder")
     opened: list[ModelParts] = []
     try:
         for name, asked in by_backend.items():
@@ -152,19 +155,19 @@ async def _open_local(settings: Settings, slots: frozenset[ModelSlot]) -> ModelP
         from cortex_ray.models.llama_cpp import LlamaCppClient
 
         chat = LlamaCppClient(
-            settings.local_model_path,
-            model_name=settings.model_name,
-            data_dir=settings.data_dir,
-            n_ctx=settings.local_model_context,
-            n_threads=settings.local_model_threads,
-            default_temperature=settings.model_temperature,
-            default_max_tokens=settings.model_max_tokens,
+            settings.models.local_path,
+            model_name=settings.models.name,
+            data_dir=settings.storage.data_dir,
+            n_ctx=settings.models.local_context,
+            n_threads=settings.models.local_threads,
+            default_temperature=settings.models.temperature,
+            default_max_tokens=settings.models.max_tokens,
         )
     if "embedder" in slots:
         from cortex_ray.models.embeddings import SentenceTransformerEmbedder
 
         embedder = SentenceTransformerEmbedder(
-            settings.embedding_model, device=settings.embedding_device
+            settings.embeddings.model, device=settings.embeddings.device
         )
     return ModelParts(chat=chat, embedder=embedder)
 
@@ -175,21 +178,21 @@ async def _open_openai(settings: Settings, slots: frozenset[ModelSlot]) -> Model
     if "chat" in slots:
         from cortex_ray.models.openai_compatible import OpenAICompatibleClient
 
-        if settings.model_url is None:
-            raise ConfigurationError("model_backend=openai needs model_url (CORTEX_MODEL_URL)")
+        if settings.models.url is None:
+            raise ConfigurationError("models.backend=openai needs models.url (CORTEX_MODELS__URL)")
         chat = OpenAICompatibleClient(
-            settings.model_url,
-            settings.model_name,
-            api_key=settings.model_api_key,
-            timeout_s=settings.model_timeout_s,
-            max_retries=settings.model_max_retries,
-            default_temperature=settings.model_temperature,
-            default_max_tokens=settings.model_max_tokens,
+            settings.models.url,
+            settings.models.name,
+            api_key=settings.models.api_key,
+            timeout_s=settings.models.timeout_s,
+            max_retries=settings.models.max_retries,
+            default_temperature=settings.models.temperature,
+            default_max_tokens=settings.models.max_tokens,
         )
     if "embedder" in slots:
         from cortex_ray.models.openai_embeddings import OpenAICompatibleEmbedder
 
-        embedder = OpenAICompatibleEmbedder.from_settings(settings)
+        embedder = OpenAICompatibleEmbedder.from_options(settings.embeddings, settings.models)
     return ModelParts(chat=chat, embedder=embedder)
 
 
@@ -198,9 +201,6 @@ async def _open_none(settings: Settings, slots: frozenset[ModelSlot]) -> ModelPa
 
 
 async def _open_hash(settings: Settings, slots: frozenset[ModelSlot]) -> ModelParts:
-    # Imported here: cortex_ray.memory imports this package.
-    from cortex_ray.memory import EMBEDDING_DIM
-
     return ModelParts(embedder=HashEmbedder(EMBEDDING_DIM))
 
 

@@ -73,7 +73,7 @@ class PackagedModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    """the model's name: ``Settings.model_name`` selects it"""
+    """the model's name: ``Settings.models.name`` selects it"""
     file_name: str
     """the assembled file's name under ``<data_dir>/models/``"""
     sha256: str
@@ -142,7 +142,7 @@ PACKAGED_MODELS: Mapping[str, PackagedModel] = {
 """Every packaged chat model, by name."""
 
 DEFAULT_MODEL_NAME = QWEN_CODER_15B.name
-"""The main job's model (``Settings.model_name``'s default)."""
+"""The main job's model (``Settings.models.name``'s default)."""
 TEST_MODEL_NAME = SMOLLM2.name
 """The fastest packaged model: what tests that need a real model load."""
 
@@ -154,7 +154,7 @@ def packaged_model(name: str) -> PackagedModel:
     except KeyError:
         raise ConfigurationError(
             f"no packaged model is called {name!r} (known: {', '.join(PACKAGED_MODELS)}); "
-            "set CORTEX_LOCAL_MODEL_PATH to use another GGUF file"
+            "set CORTEX_MODELS__LOCAL_PATH to use another GGUF file"
         ) from None
 
 

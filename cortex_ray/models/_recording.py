@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from cortex_ray._settings import TracingOptions
 from cortex_ray._types import ModelExchange, RecordedToolCall
 from cortex_ray.models._protocol import ChatRequest, ChatResponse, ModelClient, Usage
 from cortex_ray.observability import (
@@ -34,6 +33,7 @@ from cortex_ray.observability import (
     metrics,
     tracer,
 )
+from cortex_ray.settings import TracingOptions
 
 __all__ = ["RecordingModelClient", "exchange", "recording", "request_digest"]
 

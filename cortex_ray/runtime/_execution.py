@@ -15,12 +15,12 @@ import logging
 from uuid import UUID
 
 from cortex_ray._exceptions import CortexError, InvalidRequestError
-from cortex_ray._settings import Settings
 from cortex_ray._types import MemoryRecord, Principal, Session, TaskRun, TurnResult
 from cortex_ray.cycle import DecisionCycle, StepCallback, TurnEventSink
 from cortex_ray.learn import Learner
 from cortex_ray.models import ModelClient
 from cortex_ray.observability import metrics
+from cortex_ray.settings import Settings
 from cortex_ray.storage import (
     OrphanedRun,
     Store,

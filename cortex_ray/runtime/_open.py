@@ -17,7 +17,6 @@ from uuid import uuid4
 
 from cortex_ray import graph as _graph
 from cortex_ray._exceptions import ConfigurationError
-from cortex_ray._settings import Settings, load_settings
 from cortex_ray.access import AccessControlService
 from cortex_ray.act import (
     ActionClassifier,
@@ -65,6 +64,7 @@ from cortex_ray.runtime._sessions import SessionUseCases
 from cortex_ray.runtime._tools import ToolUseCases
 from cortex_ray.runtime._traces import Traces
 from cortex_ray.runtime._workflows import Workflows
+from cortex_ray.settings import Settings, load_settings
 from cortex_ray.storage import Database, Store, TurnStore
 
 __all__ = ["Parts", "open_parts", "wire"]
@@ -135,22 +135,23 @@ def wire(
     registry = ToolRegistry([*builtin_tools(), *searching, *tools], classifier)
     # Connector tools are decided by their grants too, in the same gate (issue 18).
     connector_policy = ConnectorPolicy(
-        GovernanceStore(db, payload_inline_bytes=settings.payload_inline_bytes),
+        GovernanceStore(db, payload_inline_bytes=settings.tools.payload_inline_bytes),
         connectors,
-        cache_s=settings.grant_cache_s,
-        pattern_budget_s=settings.schema_pattern_budget_s,
+        cache_s=settings.governance.grant_cache_s,
+        pattern_budget_s=settings.governance.schema_pattern_budget_s,
     )
     input_limits = InputLimits(
-        max_bytes=settings.workflow_input_max_bytes,
-        max_pattern_chars=settings.schema_pattern_max_chars,
-        pattern_budget_s=settings.schema_pattern_budget_s,
+        max_bytes=settings.governance.workflow_input_max_bytes,
+        max_pattern_chars=settings.governance.schema_pattern_max_chars,
+        pattern_budget_s=settings.governance.schema_pattern_budget_s,
     )
-    secrets = SecretStore(db, settings)
+    secrets = SecretStore(db, settings.governance, settings.storage.data_dir)
     dispatcher = ToolDispatcher(
         registry,
         access,
         store,
-        settings,
+        settings.tools,
+        tracing=settings.tracing,
         memory=memory,
         hooks=hooks,
         governance=connector_policy,
@@ -164,11 +165,11 @@ def wire(
     tool_retrieval = ToolRetriever(
         memory.embedder,
         settings.knowledge,
-        threshold=settings.tool_retrieval_threshold,
-        k=settings.tool_retrieval_k,
+        threshold=settings.decide.tool_retrieval_threshold,
+        k=settings.decide.tool_retrieval_k,
     )
     assembler = WorkingMemoryAssembler(
-        memory, dispatcher, recall_k=settings.recall_k, tools=tool_retrieval
+        memory, dispatcher, recall_k=settings.memory.recall_k, tools=tool_retrieval
     )
     autonomous, interactive = drivers.autonomous, drivers.interactive
     learner = Learner(db, store, memory)
@@ -185,7 +186,7 @@ def wire(
     )
     # Spans of this process's cycles go to an OTLP collector and/or this database's
     # trace_spans (settings.tracing; docs/operations.md, "Traces").
-    traces = Traces(Tracing.open(settings, db.dsn))
+    traces = Traces(Tracing.open(settings.tracing, db.dsn))
     # Who this runtime is as the holder of a run's lease (unique per instance; a run actor
     # drives as its actor name instead: ``drive_run(owner=...)``).
     driver_id = f"{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:8]}"
@@ -212,7 +213,7 @@ def wire(
         driver_id=driver_id,
         governance=Governance(
             gate=gate, store=store, governance=connector_policy.store, policy=connector_policy,
-            tools_of=tools_of, excludes_requester=settings.approval_excludes_requester,
+            tools_of=tools_of, excludes_requester=settings.governance.approval_excludes_requester,
             secrets=secrets, input_limits=input_limits,
         ),
         workflows=Workflows(
@@ -262,7 +263,7 @@ async def open_parts(
         raise ConfigurationError(f"model must be a ModelClient or None, not {model!r}")
     # The database first: it is the cheapest to fail, and everything opened after it
     # is closed again if a later step fails.
-    database = db or await Database.open(settings)
+    database = db or await Database.open(settings.storage)
     chat_model: ModelClient | None = None
     opens_chat = isinstance(model, str)
     try:
@@ -276,14 +277,14 @@ async def open_parts(
         emb = embedder or parts.embedder
         if emb is None:
             raise ConfigurationError(
-                f"embedding_backend={settings.embedding_backend} opened no embedder"
+                f"embedding_backend={settings.embeddings.backend} opened no embedder"
             )
         if emb.dim != EMBEDDING_DIM:
             source = type(emb).__name__
             if embedder is None:
-                model_name = settings.embedding_model or "packaged MiniLM"
+                model_name = settings.embeddings.model or "packaged MiniLM"
                 source += (
-                    f" (embedding_backend={settings.embedding_backend}, "
+                    f" (embedding_backend={settings.embeddings.backend}, "
                     f"embedding_model={model_name})"
                 )
             raise ConfigurationError(
@@ -292,8 +293,16 @@ async def open_parts(
                 "docs/operations.md)"
             )
         if importance is None:
-            importance = importance_scorer_for(settings, chat_model)
-        memory = MemoryService(database, emb, settings, importance)
+            importance = importance_scorer_for(
+                settings.memory, chat_model, structured_retries=settings.models.structured_retries
+            )
+        memory = MemoryService(
+            database,
+            emb,
+            settings.memory,
+            importance,
+            structured_retries=settings.models.structured_retries,
+        )
         knowledge = KnowledgeService(
             database,
             emb,
@@ -337,9 +346,13 @@ def _retrieval_tools(
 def _configured_reranker(settings: Settings) -> Reranker | None:
     """The CrossEncoder ``reranker_model`` names, loaded in this process; a named model
     that does not load stops the start (a reranker asked for by name is not skipped)."""
-    if settings.reranker_model is None:
+    if settings.embeddings.reranker_model is None:
         return None
-    reranker = CrossEncoderReranker(settings.reranker_model, device=settings.embedding_device)
+    reranker = CrossEncoderReranker(
+        settings.embeddings.reranker_model, device=settings.embeddings.device
+    )
     if not reranker.available:
-        raise ConfigurationError(f"reranker_model={settings.reranker_model}: {reranker.reason}")
+        raise ConfigurationError(
+            f"reranker_model={settings.embeddings.reranker_model}: {reranker.reason}"
+        )
     return reranker

@@ -10,7 +10,6 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from cortex_ray._exceptions import InvalidRequestError
-from cortex_ray._settings import Settings
 from cortex_ray._types import Agent, AgentMode, Principal, RunMode, RunStatus, TaskRun
 from cortex_ray.access import UseCase
 from cortex_ray.cycle import DecisionCycle, StepCallback
@@ -27,6 +26,7 @@ from cortex_ray.runtime._follow import Drive, OnBusy
 from cortex_ray.runtime._follow import resume_or_wait as follow_run
 from cortex_ray.runtime._gate import UseCaseGate
 from cortex_ray.runtime._traces import Traces
+from cortex_ray.settings import Settings
 from cortex_ray.storage import LeaseHolder, Store
 
 __all__ = ["MAX_CONTACT_CONTEXT_BYTES", "RunRequest", "RunUseCases"]
@@ -43,7 +43,7 @@ class RunRequest:
         org_id: The organisation.
         agent_ref: The AUTONOMOUS agent that runs it, by id or name.
         goal: What the run pursues.
-        max_steps: Its step budget (``None``: ``settings.default_max_steps``).
+        max_steps: Its step budget (``None``: ``settings.decide.default_max_steps``).
         name: A name for people.
         caller_id: The person the run acts for.
         contact_context: A JSON object (at most 8 KiB) shown to the agent with the goal.
@@ -137,13 +137,16 @@ class RunUseCases:
                     f"contact context: at most {MAX_CONTACT_CONTEXT_BYTES} bytes as JSON, "
                     f"got {size}"
                 )
-        steps = self.settings.default_max_steps if request.max_steps is None else request.max_steps
+        steps = (
+            self.settings.decide.default_max_steps
+            if request.max_steps is None
+            else request.max_steps
+        )
         if isinstance(steps, bool) or not isinstance(steps, int):
             raise InvalidRequestError("max_steps must be an integer")
-        if not 1 <= steps <= self.settings.max_steps_limit:
-            raise InvalidRequestError(
-                f"max_steps must be between 1 and {self.settings.max_steps_limit}, got {steps}"
-            )
+        limit = self.settings.decide.max_steps_limit
+        if not 1 <= steps <= limit:
+            raise InvalidRequestError(f"max_steps must be between 1 and {limit}, got {steps}")
         if agent.mode is not AgentMode.AUTONOMOUS:
             # An interactive agent acts for a person (agent grant ∩ caller grant); running
             # it alone would act with the agent's grant only.

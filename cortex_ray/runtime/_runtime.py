@@ -21,7 +21,6 @@ import asyncio
 from collections.abc import Iterable, Sequence
 
 from cortex_ray._exceptions import UnavailableError
-from cortex_ray._settings import Settings
 from cortex_ray.act import Tool, ToolHook
 from cortex_ray.governance import Connector
 from cortex_ray.memory import ImportanceScorer
@@ -39,6 +38,7 @@ from cortex_ray.runtime._open import Parts, open_parts
 from cortex_ray.runtime._runs import RunUseCases
 from cortex_ray.runtime._sessions import SessionUseCases
 from cortex_ray.runtime._tools import ToolUseCases
+from cortex_ray.settings import Settings
 from cortex_ray.storage import Database
 
 __all__ = ["Runtime"]

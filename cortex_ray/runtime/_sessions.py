@@ -6,7 +6,6 @@ from __future__ import annotations
 from uuid import UUID
 
 from cortex_ray._exceptions import ConflictError, InvalidRequestError
-from cortex_ray._settings import Settings
 from cortex_ray._types import AgentMode, Principal, Session, SessionStatus
 from cortex_ray.access import UseCase
 from cortex_ray.observability import RunTrace, metrics
@@ -14,6 +13,7 @@ from cortex_ray.observability.diagnostics import Diagnosis
 from cortex_ray.runtime._execution import wait_for_turn
 from cortex_ray.runtime._gate import UseCaseGate
 from cortex_ray.runtime._traces import Traces
+from cortex_ray.settings import Settings
 from cortex_ray.storage import SessionMessage, Store, TurnRecord, TurnStore
 
 __all__ = ["SessionUseCases"]

@@ -27,10 +27,10 @@ import asyncio
 import contextlib
 import logging
 
-from cortex_ray._settings import RunPolicy
 from cortex_ray._types import utcnow
 from cortex_ray.runtime._executor import Executor
 from cortex_ray.runtime._runtime import Runtime
+from cortex_ray.settings import RunPolicy
 from cortex_ray.storage import exhausted_reason
 
 __all__ = ["RunSupervisor"]

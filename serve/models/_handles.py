@@ -32,6 +32,7 @@ from cortex_ray.models import (
     register_backend,
 )
 from cortex_ray.observability import outgoing_traceparent
+from cortex_ray.settings import setting_value
 from serve.models._builder import DEFAULT_MODELS_APP
 from serve.models._config import (
     SETTINGS_MIRROR,
@@ -93,7 +94,7 @@ async def _awaited(response: Any) -> Any:
 class HandleEmbedder:
     """Embeds through the ``Embedder`` deployment (which batches concurrent callers).
 
-    ``timeout_s`` bounds each call (``Settings.model_timeout_s`` when opened as the
+    ``timeout_s`` bounds each call (``Settings.models.timeout_s`` when opened as the
     ``served`` backend); ``None`` waits as long as Serve does."""
 
     def __init__(
@@ -261,15 +262,15 @@ class ModelHandles:
 
 async def _open_served(settings: Settings, slots: frozenset[ModelSlot]) -> ModelParts:
     """The ``served`` backend: the slots asked for reached through handles to the
-    deployments of ``settings.models_app``, and its reranker (if the app has one), which
+    deployments of ``settings.models.app``, and its reranker (if the app has one), which
     then reranks knowledge search.
 
     Raises:
         ConfigurationError: The app is not running, does not serve a model the settings
             name ``served``, or its embedder's dimension is not the schema's.
     """
-    handles = await ModelHandles.connect(settings.models_app)
-    app = settings.models_app
+    handles = await ModelHandles.connect(settings.models.app)
+    app = settings.models.app
     embedder: HandleEmbedder | None = None
     chat: HandleModelClient | None = None
     if "embedder" in slots:
@@ -278,7 +279,7 @@ async def _open_served(settings: Settings, slots: frozenset[ModelSlot]) -> Model
                 f"embedding_backend=served, but the app {app!r} serves no embedder"
             )
         embedder = await HandleEmbedder.connect(
-            handles.embedder, timeout_s=settings.model_timeout_s
+            handles.embedder, timeout_s=settings.models.timeout_s
         )
         served = handles.config.embedder
         name = (served.model or served.model_id) if served is not None else "?"
@@ -291,9 +292,9 @@ async def _open_served(settings: Settings, slots: frozenset[ModelSlot]) -> Model
             handles.llm,
             llm.served_id,
             backend=llm.backend,
-            default_temperature=settings.model_temperature,
-            default_max_tokens=settings.model_max_tokens,
-            timeout_s=settings.model_timeout_s,
+            default_temperature=settings.models.temperature,
+            default_max_tokens=settings.models.max_tokens,
+            timeout_s=settings.models.timeout_s,
         )
     reranker = None
     if handles.reranker is not None:
@@ -323,17 +324,17 @@ def serving_config_for(settings: Settings) -> ModelServingConfig | None:
 
     def mirrored(part: type[BaseModel]) -> dict[str, Any]:
         return {
-            field: getattr(settings, setting)
+            field: setting_value(settings, setting)
             for (owner, field), setting in SETTINGS_MIRROR.items()
             if owner is part
         }
 
     embedder = llm = None
-    if settings.embedding_backend == "served":
+    if settings.embeddings.backend == "served":
         embedder = EmbedderConfig(**mirrored(EmbedderConfig))
-    if settings.model_backend == "served":
+    if settings.models.backend == "served":
         llm = LlmConfig(**mirrored(LlmConfig))
-    spans = SecretStr(settings.database_url) if settings.database_url else None
+    spans = SecretStr(settings.storage.database_url) if settings.storage.database_url else None
     return ModelServingConfig(embedder=embedder, llm=llm, spans_database_url=spans)
 
 
@@ -356,8 +357,8 @@ def served_settings(settings: Settings) -> Settings:
     """The settings with each in-process (``local``) model moved to the model-serving app:
     what ``python -m serve`` and the demo run with. ``openai``, ``hash`` and ``none`` stay."""
     update: dict[str, Any] = {}
-    if settings.model_backend == "local":
+    if settings.models.backend == "local":
         update["model_backend"] = "served"
-    if settings.embedding_backend == "local":
+    if settings.embeddings.backend == "local":
         update["embedding_backend"] = "served"
     return settings.model_copy(update=update)

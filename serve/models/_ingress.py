@@ -176,7 +176,7 @@ class KeyStore:
                 settings = load_settings().model_copy(
                     update={"migrate": False, "pool_min_size": 1, "pool_max_size": 4}
                 )
-                self._db = await Database.open(settings)
+                self._db = await Database.open(settings.storage)
                 self._store = Store(self._db)
         return await self._store.principal_for_api_key(key)
 

@@ -260,7 +260,7 @@ def workflows_router() -> APIRouter:
             workflow=body.workflow,
             workflow_version=body.version,
             inputs=body.inputs,
-            max_steps_limit=state.runtime.settings.max_steps_limit,
+            max_steps_limit=state.runtime.settings.decide.max_steps_limit,
             principal=principal,
         )
         return schedule_body(made)
