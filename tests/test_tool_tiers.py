@@ -81,8 +81,8 @@ def test_every_builtin_declares_its_category_and_tier() -> None:
     registry = ToolRegistry(bound)
     for name, (category, tier) in BUILTINS.items():
         assert (classifier.classify(name), classifier.tier(name)) == (category, tier)
-        spec = registry.spec(registry.get(name))  # type: ignore[arg-type]
-        assert (spec.action_type, spec.tier) == (category, tier)
+    specs = {t.name: registry.spec(t) for t in bound}
+    assert {n: (s.action_type, s.tier) for n, s in specs.items()} == BUILTINS
 
 
 def test_unclassified_tools_follow_their_category_and_default_to_write() -> None:
