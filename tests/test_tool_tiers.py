@@ -4,7 +4,7 @@ recorded on every dispatch."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from cortex_ray import (
     ActionType,
@@ -23,8 +23,11 @@ from cortex_ray.act import (
     ToolContext,
     ToolDispatcher,
     ToolRegistry,
+    builtin_declarations,
     builtin_tools,
 )
+from cortex_ray.graph import graph_search_tool
+from cortex_ray.knowledge import knowledge_search_tool
 from cortex_ray.perceive import PromptComposer
 from cortex_ray.storage import Store
 
@@ -51,6 +54,35 @@ def test_builtins_are_classified_by_name() -> None:
         "reply": CapabilityTier.WRITE,  # a reply reaches a person
     }
     assert classifier.tier("knowledge_search") is CapabilityTier.READ
+
+
+# Every built-in tool: its CoALA category and capability tier (issue 29: each declares both
+# on its Tool, so a new one has no name map to be forgotten in).
+BUILTINS = {
+    "current_time": (ActionType.GROUNDING, CapabilityTier.READ),
+    "reply": (ActionType.GROUNDING, CapabilityTier.WRITE),
+    "memory_search": (ActionType.RETRIEVAL, CapabilityTier.READ),
+    "remember_fact": (ActionType.LEARNING, CapabilityTier.WRITE),
+    "propose_procedural_edit": (ActionType.LEARNING, CapabilityTier.WRITE),
+    "knowledge_search": (ActionType.RETRIEVAL, CapabilityTier.READ),
+    "graph_search": (ActionType.RETRIEVAL, CapabilityTier.READ),
+}
+
+
+def test_every_builtin_declares_its_category_and_tier() -> None:
+    bound = [
+        *builtin_tools(),
+        knowledge_search_tool(cast(Any, None)),
+        graph_search_tool(cast(Any, None)),
+    ]
+    for tools in (bound, builtin_declarations()):
+        assert {t.name: (t.action_type, t.tier) for t in tools} == BUILTINS
+    classifier = ActionClassifier()
+    registry = ToolRegistry(bound)
+    for name, (category, tier) in BUILTINS.items():
+        assert (classifier.classify(name), classifier.tier(name)) == (category, tier)
+    specs = {t.name: registry.spec(t) for t in bound}
+    assert {n: (s.action_type, s.tier) for n, s in specs.items()} == BUILTINS
 
 
 def test_unclassified_tools_follow_their_category_and_default_to_write() -> None:

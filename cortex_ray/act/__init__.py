@@ -1,11 +1,20 @@
 """ACT: tools, the action classifier, and the one invocation gate."""
 
 from cortex_ray.act._dispatcher import Dispatch, InvocationContext, ToolDispatcher, ToolHook
-from cortex_ray.act._tools import ActionClassifier, Tool, ToolContext, ToolHandler, ToolRegistry
-from cortex_ray.act.builtins import BUILTIN_TOOL_NAMES, builtin_tools
+from cortex_ray.act._registry import ActionClassifier, ToolRegistry
+from cortex_ray.act._tools import Tool, ToolContext, ToolHandler
+from cortex_ray.act.builtins import (
+    BUILTIN_TOOL_NAMES,
+    GRAPH_SEARCH,
+    KNOWLEDGE_SEARCH,
+    builtin_declarations,
+    builtin_tools,
+)
 
 __all__ = [
     "BUILTIN_TOOL_NAMES",
+    "GRAPH_SEARCH",
+    "KNOWLEDGE_SEARCH",
     "ActionClassifier",
     "Dispatch",
     "InvocationContext",
@@ -15,5 +24,6 @@ __all__ = [
     "ToolHandler",
     "ToolHook",
     "ToolRegistry",
+    "builtin_declarations",
     "builtin_tools",
 ]

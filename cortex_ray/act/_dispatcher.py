@@ -41,7 +41,8 @@ from cortex_ray._types import (
     ToolSpec,
 )
 from cortex_ray.access import AccessControlService
-from cortex_ray.act._tools import Tool, ToolContext, ToolRegistry
+from cortex_ray.act._registry import ToolRegistry
+from cortex_ray.act._tools import Tool, ToolContext
 from cortex_ray.governance import (
     ConnectorPolicy,
     Verdict,

@@ -1,8 +1,8 @@
-"""Tools, their registry, and the action classifier."""
+"""A tool: what it is called, what it does, and what its handler may use."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -14,14 +14,13 @@ from cortex_ray._types import (
     AgentMode,
     CapabilityTier,
     Principal,
-    ToolSpec,
     utcnow,
 )
 
 if TYPE_CHECKING:
     from cortex_ray.memory import MemoryService
 
-__all__ = ["ActionClassifier", "Tool", "ToolContext", "ToolHandler", "ToolRegistry"]
+__all__ = ["Tool", "ToolContext", "ToolHandler"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +87,11 @@ ToolHandler = Callable[[ToolContext, dict[str, Any]], Awaitable[Any]]
 class Tool:
     """A callable action. ``parameters`` is the JSON schema its arguments are validated against.
 
-    ``action_type`` and ``tier`` override the classifier for this tool; ``None`` lets the
-    classifier decide. ``connector`` names the connector the tool belongs to: the gate then
-    also needs a connector grant (``cortex_ray.governance``).
+    ``action_type`` and ``tier`` declare the tool's CoALA category and capability tier; every
+    built-in declares both (``cortex_ray.act.builtins``). ``None`` lets the classifier decide
+    (``ActionClassifier``: a name override, else GROUNDING; tier by category). ``connector`` names
+    the connector the tool belongs to: the gate then also needs a connector grant
+    (``cortex_ray.governance``).
     """
 
     name: str
@@ -104,104 +105,3 @@ class Tool:
     idempotent: bool = False
     tier: CapabilityTier | None = None
     connector: str | None = None
-
-
-class ActionClassifier:
-    """Maps tools to CoALA action types: per-tool override, then by name, then GROUNDING;
-    and to capability tiers: per-tool override, then by name, then by category (REASONING
-    and RETRIEVAL read; anything else may change something, so WRITE).
-
-    REASONING holds no built-in tool: reasoning happens inside the model call that decides.
-    Reading the clock is GROUNDING (it observes the outside world) and READ (it changes
-    nothing); storing a fact is LEARNING and WRITE.
-    """
-
-    BUILTIN: Mapping[str, ActionType] = {
-        "memory_search": ActionType.RETRIEVAL,
-        "knowledge_search": ActionType.RETRIEVAL,
-        "remember_fact": ActionType.LEARNING,
-        "propose_procedural_edit": ActionType.LEARNING,
-        "current_time": ActionType.GROUNDING,
-        "reply": ActionType.GROUNDING,
-    }
-
-    BUILTIN_TIERS: Mapping[str, CapabilityTier] = {
-        "memory_search": CapabilityTier.READ,
-        "knowledge_search": CapabilityTier.READ,
-        "current_time": CapabilityTier.READ,
-        "remember_fact": CapabilityTier.WRITE,
-        "propose_procedural_edit": CapabilityTier.WRITE,
-        # A reply reaches a person: it changes what they know.
-        "reply": CapabilityTier.WRITE,
-    }
-
-    def __init__(
-        self,
-        overrides: Mapping[str, ActionType] | None = None,
-        *,
-        tiers: Mapping[str, CapabilityTier] | None = None,
-    ) -> None:
-        self._by_name = {**self.BUILTIN, **(overrides or {})}
-        self._tiers = {**self.BUILTIN_TIERS, **(tiers or {})}
-
-    def classify(self, tool: Tool | str) -> ActionType:
-        if isinstance(tool, Tool):
-            if tool.action_type is not None:
-                return tool.action_type
-            name = tool.name
-        else:
-            name = tool
-        return self._by_name.get(name, ActionType.GROUNDING)
-
-    def tier(self, tool: Tool | str) -> CapabilityTier:
-        """The tool's capability tier (see the class docstring)."""
-        if isinstance(tool, Tool) and tool.tier is not None:
-            return tool.tier
-        name = tool.name if isinstance(tool, Tool) else tool
-        known = self._tiers.get(name)
-        if known is not None:
-            return known
-        category = self.classify(tool)
-        if category in (ActionType.REASONING, ActionType.RETRIEVAL):
-            return CapabilityTier.READ
-        return CapabilityTier.WRITE
-
-
-class ToolRegistry:
-    """The tools this runtime knows, by name."""
-
-    def __init__(
-        self, tools: Iterable[Tool] = (), classifier: ActionClassifier | None = None
-    ) -> None:
-        self.classifier = classifier or ActionClassifier()
-        self._tools: dict[str, Tool] = {}
-        # Every cycle lists the agent's tools: one ToolSpec per tool, built once (valid while
-        # the same Tool and classifier are in place; ToolSpec is frozen).
-        self._specs: dict[str, tuple[Tool, ActionClassifier, ToolSpec]] = {}
-        for tool in tools:
-            self.register(tool)
-
-    def register(self, tool: Tool) -> None:
-        if not tool.name.isidentifier():
-            raise ValueError(f"tool names must be identifiers: {tool.name!r}")
-        self._tools[tool.name] = tool
-
-    def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
-
-    def names(self) -> list[str]:
-        return sorted(self._tools)
-
-    def spec(self, tool: Tool) -> ToolSpec:
-        cached = self._specs.get(tool.name)
-        if cached is not None and cached[0] is tool and cached[1] is self.classifier:
-            return cached[2]
-        spec = ToolSpec(
-            name=tool.name,
-            description=tool.description,
-            parameters=dict(tool.parameters),
-            action_type=self.classifier.classify(tool),
-            tier=self.classifier.tier(tool),
-        )
-        self._specs[tool.name] = (tool, self.classifier, spec)
-        return spec

@@ -1,5 +1,11 @@
 """Built-in tools: memory search (RETRIEVAL), remember a fact and propose a procedural edit
-(LEARNING), the clock and the reply to a person (GROUNDING; dialogue is a grounding action).
+(LEARNING), the clock and the reply to a person (GROUNDING; dialogue is a grounding action),
+and the declarations of the two search tools whose services live elsewhere
+(``knowledge_search``, bound by ``cortex_ray.knowledge``; ``graph_search``, bound by
+``cortex_ray.graph``).
+
+Every built-in declares its CoALA category and capability tier here, on its ``Tool``: the
+``ActionClassifier`` reads them, so a new built-in has no name map to be added to.
 
 The two that write are idempotent by the call's key (``ToolContext.idempotency_key``): a
 second call with the same key (a run step decided again after a crash, a retried turn round,
@@ -12,10 +18,16 @@ from __future__ import annotations
 from typing import Any
 
 from cortex_ray._exceptions import ConfigurationError
-from cortex_ray._types import MemoryKind
-from cortex_ray.act._tools import Tool, ToolContext
+from cortex_ray._types import ActionType, CapabilityTier, MemoryKind
+from cortex_ray.act._tools import Tool, ToolContext, ToolHandler
 
-__all__ = ["BUILTIN_TOOL_NAMES", "builtin_tools"]
+__all__ = [
+    "BUILTIN_TOOL_NAMES",
+    "GRAPH_SEARCH",
+    "KNOWLEDGE_SEARCH",
+    "builtin_declarations",
+    "builtin_tools",
+]
 
 
 def _memory(ctx: ToolContext) -> Any:
@@ -103,12 +115,14 @@ async def _propose_procedural_edit(ctx: ToolContext, args: dict[str, Any]) -> di
 
 
 def builtin_tools() -> list[Tool]:
-    """The built-in tools; categories come from the ``ActionClassifier`` by name."""
+    """The built-in tools every runtime registers, each with its category and tier."""
     return [
         Tool(
             name="current_time",
             description="Read the current date and time (UTC).",
             handler=_current_time,
+            action_type=ActionType.GROUNDING,  # the clock is the outside world
+            tier=CapabilityTier.READ,
             idempotent=True,
         ),
         Tool(
@@ -121,6 +135,8 @@ def builtin_tools() -> list[Tool]:
                 "required": ["message"],
                 "additionalProperties": False,
             },
+            action_type=ActionType.GROUNDING,  # dialogue is a grounding action
+            tier=CapabilityTier.WRITE,  # a reply reaches a person: it changes what they know
         ),
         Tool(
             name="memory_search",
@@ -135,6 +151,8 @@ def builtin_tools() -> list[Tool]:
                 "required": ["query"],
                 "additionalProperties": False,
             },
+            action_type=ActionType.RETRIEVAL,
+            tier=CapabilityTier.READ,
             idempotent=True,
         ),
         Tool(
@@ -151,6 +169,8 @@ def builtin_tools() -> list[Tool]:
                 "required": ["subject", "fact"],
                 "additionalProperties": False,
             },
+            action_type=ActionType.LEARNING,
+            tier=CapabilityTier.WRITE,
         ),
         Tool(
             name="propose_procedural_edit",
@@ -167,8 +187,71 @@ def builtin_tools() -> list[Tool]:
                 "required": ["field", "value"],
                 "additionalProperties": False,
             },
+            action_type=ActionType.LEARNING,
+            tier=CapabilityTier.WRITE,
         ),
     ]
 
 
 BUILTIN_TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in builtin_tools())
+
+
+def _unbound(service: str) -> ToolHandler:
+    async def handler(ctx: ToolContext, args: dict[str, Any]) -> Any:
+        raise ConfigurationError(f"this runtime has no {service}")
+
+    return handler
+
+
+KNOWLEDGE_SEARCH = Tool(
+    name="knowledge_search",
+    description="Search the organisation's documents; every hit has a citation "
+    "(path:lines (headings) @version) to quote.",
+    handler=_unbound("knowledge service"),
+    parameters={
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "minLength": 1, "maxLength": 2000},
+            "k": {"type": "integer", "minimum": 1, "maximum": 20},
+            "collection": {"type": "string", "minLength": 1, "maxLength": 128},
+        },
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+    action_type=ActionType.RETRIEVAL,
+    tier=CapabilityTier.READ,
+    idempotent=True,
+)
+"""``knowledge_search`` as declared; ``cortex_ray.knowledge.knowledge_search_tool`` binds its
+handler to a knowledge service."""
+
+GRAPH_SEARCH = Tool(
+    name="graph_search",
+    description="Facts about an entity (a name, e-mail, issue id, path, table...) and its "
+    "neighbours, each with a citation; with `to`, how two entities are connected.",
+    handler=_unbound("context graph"),
+    parameters={
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "minLength": 1, "maxLength": 500},
+            "depth": {"type": "integer", "minimum": 1, "maximum": 3},
+            "max_facts": {"type": "integer", "minimum": 1, "maximum": 50},
+            "predicate": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,63}$"},
+            "to": {"type": "string", "minLength": 1, "maxLength": 500},
+        },
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+    action_type=ActionType.RETRIEVAL,
+    tier=CapabilityTier.READ,
+    idempotent=True,
+)
+"""``graph_search`` as declared; ``cortex_ray.graph.graph_search_tool`` binds its handler to
+a graph store."""
+
+
+def builtin_declarations() -> tuple[Tool, ...]:
+    """Every built-in tool as declared: those every runtime registers, then the two search
+    tools a runtime registers when it has their service. The ``ActionClassifier`` classifies
+    a name as the built-in of that name declares."""
+    return (*builtin_tools(), KNOWLEDGE_SEARCH, GRAPH_SEARCH)

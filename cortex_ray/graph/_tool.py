@@ -3,10 +3,10 @@ carry citations, their time of validity, and a warning when their source is unhe
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from cortex_ray._types import ActionType
-from cortex_ray.act import Tool, ToolContext
+from cortex_ray.act import GRAPH_SEARCH, Tool, ToolContext
 from cortex_ray.graph._store import GraphStore, Reader
 from cortex_ray.graph._types import Fact, GraphResult
 
@@ -58,24 +58,4 @@ def graph_search_tool(graph: GraphStore) -> Tool:
             **({"path_found": result.path is not None} if args.get("to") else {}),
         }
 
-    schema: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "minLength": 1, "maxLength": 500},
-            "depth": {"type": "integer", "minimum": 1, "maximum": 3},
-            "max_facts": {"type": "integer", "minimum": 1, "maximum": 50},
-            "predicate": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,63}$"},
-            "to": {"type": "string", "minLength": 1, "maxLength": 500},
-        },
-        "required": ["query"],
-        "additionalProperties": False,
-    }
-    return Tool(
-        name="graph_search",
-        description="Facts about an entity (a name, e-mail, issue id, path, table...) and its "
-        "neighbours, each with a citation; with `to`, how two entities are connected.",
-        handler=handler,
-        parameters=schema,
-        action_type=ActionType.RETRIEVAL,
-        idempotent=True,
-    )
+    return replace(GRAPH_SEARCH, handler=handler)

@@ -96,12 +96,6 @@ class GraphWriter(SyncConnection):
             ),
         )
 
-    def extract_source(
-        self, org_id: str, run_id: int, source_id: UUID | str, version: int, path: str
-    ) -> SourceExtraction:
-        """``extract_sources`` of one version."""
-        return self.extract_sources(org_id, run_id, [(source_id, version, path)])[0]
-
     def extract_sources(
         self, org_id: str, run_id: int, versions: Sequence[tuple[UUID | str, int, str]]
     ) -> list[SourceExtraction]:

@@ -103,7 +103,6 @@ _SETEXT = re.compile(rb"^ {0,3}(=+|-+)[ \t]*\r?\n?$")
 _FENCE = re.compile(rb"^ {0,3}(`{3,}|~{3,})")
 # reST adornment: one punctuation character repeated, from column 0 (docutils' set).
 _ADORNMENT = re.compile(rb"^([!-/:-@\[-`{-~])\1+[ \t]*\r?\n?$")
-_MD_MARKS = frozenset(b" #=-`~")
 _RST_MARKS = frozenset(b"!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 
 

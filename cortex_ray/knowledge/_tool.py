@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from cortex_ray._exceptions import AccessDeniedError, InvalidRequestError
-from cortex_ray._types import ActionType
-from cortex_ray.act import Tool, ToolContext
+from cortex_ray.act import KNOWLEDGE_SEARCH, Tool, ToolContext
 from cortex_ray.knowledge._reading import readable_scope, source_warnings
 from cortex_ray.knowledge._service import KnowledgeService
 
@@ -79,22 +79,4 @@ def knowledge_search_tool(
             "skipped": result.skipped,
         }
 
-    schema: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "minLength": 1, "maxLength": 2000},
-            "k": {"type": "integer", "minimum": 1, "maximum": 20},
-            "collection": {"type": "string", "minLength": 1, "maxLength": 128},
-        },
-        "required": ["query"],
-        "additionalProperties": False,
-    }
-    return Tool(
-        name="knowledge_search",
-        description="Search the organisation's documents; every hit has a citation "
-        "(path:lines (headings) @version) to quote.",
-        handler=handler,
-        parameters=schema,
-        action_type=ActionType.RETRIEVAL,
-        idempotent=True,
-    )
+    return replace(KNOWLEDGE_SEARCH, handler=handler)

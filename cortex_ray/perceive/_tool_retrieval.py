@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cortex_ray._types import AgentMode, Observation, ToolSpec, Turn
-from cortex_ray.act import ActionClassifier
+from cortex_ray.act import BUILTIN_TOOL_NAMES, KNOWLEDGE_SEARCH
 from cortex_ray.knowledge import Analyzer, RetrievalConfig, Tier, fuse, idf, tf_factor
 from cortex_ray.models import Embedder
 
@@ -264,7 +264,7 @@ def always_shown(
     an autonomous run finishes by its answer, no tool) and every tool this run or
     conversation already called (the planner is told of those calls and may need to call
     again)."""
-    keep = set(ActionClassifier.BUILTIN)
+    keep = {*BUILTIN_TOOL_NAMES, KNOWLEDGE_SEARCH.name}
     if mode is AgentMode.AUTONOMOUS:
         keep.discard("reply")
     keep.update(o.tool for o in observations)

@@ -494,16 +494,6 @@ class TurnStore:
             rows = await cur.fetchall()
         return [TurnRef(r["org_id"], r["session_id"], r["id"]) for r in rows]
 
-    async def pending_count(self, org_id: str, session_id: UUID) -> int:
-        async with self.db.connection() as conn:
-            cur = await conn.execute(
-                "SELECT count(*) AS n FROM session_turns WHERE org_id = %s AND session_id = %s "
-                "AND status IN ('ACCEPTED', 'RUNNING')",
-                (org_id, session_id),
-            )
-            row = await cur.fetchone()
-        return int(row["n"]) if row else 0
-
     async def history(self, org_id: str, session_id: UUID) -> list[SessionMessage]:
         """The conversation as a person reads it: finished turns' messages in order, then
         each pending turn's user message by ordinal."""
