@@ -1,29 +1,21 @@
-"""The portable core imports no Ray module, and its public surface is complete."""
+"""The import graph keeps its contracts (import-linter: layers, no circle, no reach into
+another package's private module, the core imports no Ray), and the public surface is
+complete."""
 
 from __future__ import annotations
 
-import ast
 import importlib
 import pkgutil
+import subprocess
+import sys
 from pathlib import Path
 
+import grimp
+
 import cortex_ray
+from scripts.import_contracts import PrivateModulesContract, owner_of
 
 CORE = Path(cortex_ray.__file__).parent
-
-
-def test_core_imports_no_ray() -> None:
-    offenders = []
-    for path in CORE.rglob("*.py"):
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            offenders += [f"{path}: {n}" for n in names if n == "ray" or n.startswith("ray.")]
-    assert offenders == []
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -46,68 +38,57 @@ def test_every_subpackage_declares_its_all() -> None:
             assert hasattr(module, name), f"cortex_ray.{info.name}.{name}"
 
 
-# --- the whole import graph ----------------------------------------------------------------
+# --- the import graph: import-linter's contracts (pyproject.toml) --------------------------
 
 ROOT = CORE.parent
-LAYERS = ("cortex_ray", "actors", "serve", "jobs")
-ALLOWED = {
-    "cortex_ray": set(),
-    "actors": {"cortex_ray"},
-    "serve": {"cortex_ray", "actors"},
-    "jobs": {"cortex_ray", "actors"},
+CONTRACTS = {
+    "The core imports no Ray",
+    "The core imports none of the layers built on it",
+    "Session actors import neither the API nor the jobs",
+    "Jobs never import the API",
+    "The Ray layer: the API and the jobs above the session actors, above the core",
+    "The core's layers",
+    "The API's routers share one dependencies module and never import the app",
+    "No import circle anywhere (between the children of any package, at any depth)",
+    "No package imports another package's private module",
 }
-"""Which folder may import which: the core none; the Ray layer the core (serve also the
-actors it drives, jobs the Ray metrics sink in actors); jobs never serve."""
 
 
-def _imports(package: str) -> list[tuple[Path, str]]:
-    """Every absolute module a package's files import (also inside functions)."""
-    found = []
-    for path in (ROOT / package).rglob("*.py"):
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                found += [(path, a.name) for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                found.append((path, node.module))
-    return found
+def test_the_import_contracts_are_kept() -> None:
+    """The layers, the absence of circles and private-module privacy are import-linter
+    contracts (``./dev check`` runs them too); this runs the same check with the tests."""
+    lint = Path(sys.executable).parent / "lint-imports"
+    result = subprocess.run(
+        [str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    kept = {line.removesuffix(" KEPT") for line in result.stdout.splitlines()}
+    assert kept >= CONTRACTS, "a contract is missing from pyproject.toml"
 
 
-def test_folders_import_only_downwards() -> None:
-    offenders = []
-    for package in LAYERS:
-        for path, module in _imports(package):
-            top = module.split(".")[0]
-            if top in LAYERS and top != package and top not in ALLOWED[package]:
-                offenders.append(f"{path.relative_to(ROOT)}: {module}")
-    assert offenders == []
+def test_the_private_module_contract_names_the_owner() -> None:
+    assert owner_of("cortex_ray.memory._service") == "cortex_ray.memory"
+    assert owner_of("serve._deps") == "serve"
+    assert owner_of("cortex_ray._types") == "cortex_ray"
+    assert owner_of("cortex_ray.memory") is None
+    assert owner_of("cortex_ray.__main__") is None
 
 
-def test_the_folder_graph_has_no_cycle() -> None:
-    edges = {package: set() for package in LAYERS}
-    for package in LAYERS:
-        for _, module in _imports(package):
-            top = module.split(".")[0]
-            if top in LAYERS and top != package:
-                edges[package].add(top)
-
-    def reaches(start: str, goal: str, seen: frozenset[str] = frozenset()) -> bool:
-        return any(
-            nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt}))
-            for nxt in edges[start]
-        )
-
-    assert [p for p in LAYERS if reaches(p, p)] == []
-
-
-def test_no_private_module_of_the_core_is_imported_from_outside() -> None:
-    offenders = []
-    for package in ("actors", "serve", "jobs"):
-        for path, module in _imports(package):
-            parts = module.split(".")
-            if parts[0] == "cortex_ray" and any(p.startswith("_") for p in parts[1:]):
-                offenders.append(f"{path.relative_to(ROOT)}: {module}")
-    assert offenders == []
+def test_the_private_module_contract_breaks_on_a_reach_into_another_package() -> None:
+    graph = grimp.ImportGraph()
+    for module in ("pkg", "pkg.a", "pkg.a._impl", "pkg.b", "pkg.a.inner"):
+        graph.add_module(module)
+    graph.add_import(
+        importer="pkg.a.inner", imported="pkg.a._impl", line_number=1, line_contents=""
+    )
+    contract = PrivateModulesContract("t", {}, {"root_packages": ["pkg"]})
+    assert contract.check(graph, verbose=False).kept
+    graph.add_import(importer="pkg.b", imported="pkg.a._impl", line_number=3, line_contents="")
+    check = contract.check(graph, verbose=False)
+    assert not check.kept
+    assert check.metadata["offences"] == [
+        {"importer": "pkg.b", "imported": "pkg.a._impl", "lines": [3]}
+    ]
 
 
 def test_the_served_backend_is_registered_by_entry_point_not_by_import() -> None:
