@@ -270,6 +270,19 @@ async def test_a_submission_is_audited_with_its_run(backend: Backend, org: str) 
     assert [(r["tool"], r["status"], r["run_id"]) for r in rows] == [("tasks.submit", "OK", run.id)]
 
 
+async def test_a_run_with_no_spans_or_events_reads_back_none(backend: Backend, org: str) -> None:
+    # Spans and diagnostic events are the tracing exporter's and the cycle's writes, never
+    # a use case's: a recorded run has none until it is driven.
+    store = backend.store
+    agent = await store.create_agent(_agent(org))
+    run = await store.create_run(_run(org, agent))
+    assert await store.trace_spans(org, run.id) == []
+    assert await store.spans_of_trace(org, "0" * 32) == []
+    assert await store.diagnostics(org, run_id=run.id) == []
+    assert await store.diagnostics(org, session_id=uuid.uuid4()) == []
+    assert await store.diagnostics(org, session_id=uuid.uuid4(), turn_id=uuid.uuid4()) == []
+
+
 # sessions -------------------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ from cortex_ray.storage._protocols import (
     PrincipalStore,
     RunStore,
     SessionStore,
+    TraceReader,
     UnitOfWork,
 )
 from cortex_ray.storage._stores import AuditEntry, Store
@@ -58,6 +59,7 @@ __all__ = [
     "SessionStore",
     "Store",
     "StoredTurnEvent",
+    "TraceReader",
     "TurnClaim",
     "TurnLease",
     "TurnLeaseLostError",

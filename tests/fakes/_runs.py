@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 from uuid import UUID
 
 import psycopg
 
 from cortex_ray._exceptions import NotFoundError
 from cortex_ray._types import RunStatus, Session, TaskRun, Turn, utcnow
+from cortex_ray.observability.diagnostics import DiagnosticEvent
 from cortex_ray.storage import AuditEntry, SessionMessage
 from fakes._directory import Directory
 from fakes._tables import foreign_key
@@ -23,7 +25,7 @@ _NOT_INSERTED = (
 
 
 class Runs(Directory):
-    """``RunStore``, ``SessionStore`` and ``ConversationLog``."""
+    """``RunStore``, ``SessionStore``, ``TraceReader`` and ``ConversationLog``."""
 
     # task runs ----------------------------------------------------------------------------
 
@@ -84,6 +86,29 @@ class Runs(Directory):
         run = self.runs.get((org_id, run_id))
         if run is not None and run.status is RunStatus.RUNNING:
             self._finish(run, RunStatus.FAILED, reason)
+
+    # traces and diagnostics ---------------------------------------------------------------
+
+    async def trace_spans(self, org_id: str, run_id: UUID) -> list[dict[str, Any]]:
+        """As ``Store.trace_spans`` where no span was kept: the fake keeps none (spans are
+        the tracing exporter's, never a use case's write)."""
+        return []
+
+    async def spans_of_trace(self, org_id: str, trace_id: str) -> list[dict[str, Any]]:
+        """As ``Store.spans_of_trace`` where no span was kept."""
+        return []
+
+    async def diagnostics(
+        self,
+        org_id: str,
+        *,
+        run_id: UUID | None = None,
+        session_id: UUID | None = None,
+        turn_id: UUID | None = None,
+    ) -> list[DiagnosticEvent]:
+        """As ``Store.diagnostics`` where none was written: the fake keeps none (events are
+        the cycle's writes, never a use case's)."""
+        return []
 
     # sessions -----------------------------------------------------------------------------
 

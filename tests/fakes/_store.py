@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         PrincipalStore,
         RunStore,
         SessionStore,
+        TraceReader,
         UnitOfWork,
     )
 
@@ -35,5 +36,6 @@ if TYPE_CHECKING:
         runs: RunStore = store
         sessions: SessionStore = store
         keys: ApiKeyStore = store
+        traces: TraceReader = store
         conversations: ConversationLog = store
-        del uow, audit, principals, agents, runs, sessions, keys, conversations
+        del uow, audit, principals, agents, runs, sessions, keys, traces, conversations

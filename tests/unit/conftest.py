@@ -17,7 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fakes import FakeDatabase, FakeStore
+from fakes import FakeDatabase, FakeStore, FakeTransaction
+
+from cortex_ray.access import AccessControlService
+from cortex_ray.act import ToolRegistry, builtin_tools
+from cortex_ray.runtime import AccessGate
 
 _HERE = Path(__file__).parent
 
@@ -56,3 +60,9 @@ def fake_db() -> FakeDatabase:
 @pytest.fixture
 def fake_store(fake_db: FakeDatabase) -> FakeStore:
     return FakeStore(fake_db)
+
+
+@pytest.fixture
+def gate(fake_store: FakeStore) -> AccessGate[FakeTransaction]:
+    """The real gate (the real ``AccessControlService``), auditing into the fake store."""
+    return AccessGate(fake_store, ToolRegistry(builtin_tools()), AccessControlService())
