@@ -25,6 +25,7 @@ from cortex_ray.storage._protocols import (
     RunStore,
     SessionStore,
     TraceReader,
+    TurnLog,
     UnitOfWork,
 )
 from cortex_ray.storage._stores import AuditEntry, Store
@@ -63,6 +64,7 @@ __all__ = [
     "TurnClaim",
     "TurnLease",
     "TurnLeaseLostError",
+    "TurnLog",
     "TurnRecord",
     "TurnRef",
     "TurnStatus",

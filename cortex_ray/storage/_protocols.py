@@ -27,7 +27,7 @@ from cortex_ray._types import Agent, Principal, RunStatus, Session, TaskRun, Tur
 if TYPE_CHECKING:
     from cortex_ray.observability.diagnostics import DiagnosticEvent
     from cortex_ray.storage._stores import AuditEntry
-    from cortex_ray.storage._turns import SessionMessage
+    from cortex_ray.storage._turns import SessionMessage, TurnRecord, TurnStatus
 
 __all__ = [
     "AgentStore",
@@ -38,6 +38,7 @@ __all__ = [
     "RunStore",
     "SessionStore",
     "TraceReader",
+    "TurnLog",
     "UnitOfWork",
 ]
 
@@ -165,6 +166,34 @@ class ConversationLog(Protocol):
         ...
 
 
+class TurnLog(ConversationLog, Protocol):
+    """A conversation's turns as the session use cases admit and read them (``TurnStore``;
+    driving a turn is the executor's, not here)."""
+
+    async def accept(
+        self,
+        org_id: str,
+        session_id: UUID,
+        caller_id: str,
+        message: str,
+        *,
+        max_pending: int | None = None,
+    ) -> TurnRecord:
+        """The session's next turn, ACCEPTED. ``InvalidRequestError`` for an empty message,
+        ``NotFoundError`` for no such session, ``AccessDeniedError`` when ``caller_id`` is
+        not its caller, ``ConflictError`` once it ended or with ``max_pending`` turns not
+        ended."""
+        ...
+
+    async def get(self, org_id: str, session_id: UUID, turn_id: UUID) -> TurnRecord:
+        """``NotFoundError`` when the session has no such turn."""
+        ...
+
+    async def status(self, org_id: str, session_id: UUID, turn_id: UUID) -> TurnStatus:
+        """Only the turn's status (what a long poll reads); ``NotFoundError`` as ``get``."""
+        ...
+
+
 class TraceReader(Protocol):
     """What a run or a turn left to read back: its locally kept spans and its diagnostic
     timeline (written by the cycle and the tracing exporter, not by a use case)."""
@@ -224,4 +253,6 @@ if TYPE_CHECKING:
         keys: ApiKeyStore = store
         traces: TraceReader = store
         conversations: ConversationLog = turns
+        turn_log: TurnLog = turns
         del uow, audit, principals, agents, runs, sessions, keys, traces, conversations
+        del turn_log

@@ -4,11 +4,12 @@ without PostgreSQL.
 ``FakeDatabase`` is the unit of work: a ``transaction()`` yields a ``FakeTransaction`` whose
 writes apply on commit and vanish on an error, as PostgreSQL's would. ``FakeStore``
 implements ``PrincipalStore``, ``AgentStore``, ``RunStore``, ``SessionStore``,
-``ConversationLog``, ``ApiKeyStore``, ``TraceReader`` (no spans nor diagnostics: those
-are never a use case's writes) and ``AuditLog`` with the real store's rules: every
-row scoped by organisation, the same exceptions for the same mistakes (``NotFoundError``,
-``InvalidRequestError``, and psycopg's ``ForeignKeyViolation`` where the schema refuses a
-row that names a missing agent or session), API keys kept as SHA-256 hashes.
+``ConversationLog``, ``TurnLog`` (accepted turns; none is driven), ``ApiKeyStore``,
+``TraceReader`` (no spans nor diagnostics: those are never a use case's writes) and
+``AuditLog`` with the real store's rules: every row scoped by organisation, the same
+exceptions for the same mistakes (``NotFoundError``, ``InvalidRequestError``, and psycopg's
+``ForeignKeyViolation`` where the schema refuses a row that names a missing agent or
+session), API keys kept as SHA-256 hashes.
 ``tests/test_store_contract.py`` runs one set of tests against both, so they cannot drift.
 """
 

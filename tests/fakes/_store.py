@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         RunStore,
         SessionStore,
         TraceReader,
+        TurnLog,
         UnitOfWork,
     )
 
@@ -38,4 +39,5 @@ if TYPE_CHECKING:
         keys: ApiKeyStore = store
         traces: TraceReader = store
         conversations: ConversationLog = store
-        del uow, audit, principals, agents, runs, sessions, keys, traces, conversations
+        turns: TurnLog = store
+        del uow, audit, principals, agents, runs, sessions, keys, traces, conversations, turns

@@ -21,6 +21,7 @@ from cortex_ray.storage import (
     SessionStore,
     Store,
     TraceReader,
+    TurnLog,
     TurnStore,
     UnitOfWork,
 )
@@ -48,6 +49,7 @@ _REAL: dict[type, type] = {
     RunStore: Store,
     SessionStore: Store,
     TraceReader: Store,
+    TurnLog: TurnStore,
     UnitOfWork: Database,
 }
 """Each protocol and the class that implements it in production."""
