@@ -10,11 +10,13 @@ implements ``PrincipalStore``, ``AgentStore``, ``RunStore``, ``SessionStore``,
 exceptions for the same mistakes (``NotFoundError``, ``InvalidRequestError``, and psycopg's
 ``ForeignKeyViolation`` where the schema refuses a row that names a missing agent or
 session), API keys kept as SHA-256 hashes.
+``NoDriver`` stands for the cycle where a run use case is tested without driving a run.
 ``tests/test_store_contract.py`` runs one set of tests against both, so they cannot drift.
 """
 
+from fakes._driver import NoDriver
 from fakes._store import FakeStore
 from fakes._tables import AUDIT_COLUMNS
 from fakes._uow import FakeDatabase, FakeTransaction
 
-__all__ = ["AUDIT_COLUMNS", "FakeDatabase", "FakeStore", "FakeTransaction"]
+__all__ = ["AUDIT_COLUMNS", "FakeDatabase", "FakeStore", "FakeTransaction", "NoDriver"]

@@ -3,40 +3,21 @@ real gate; no run is driven here (that is the cycle's, tested on PostgreSQL)."""
 
 from __future__ import annotations
 
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 import pytest
-from fakes import FakeStore, FakeTransaction
+from fakes import FakeStore, FakeTransaction, NoDriver
 
 from cortex_ray._exceptions import AccessDeniedError, InvalidRequestError, NotFoundError
 from cortex_ray._settings import Settings
-from cortex_ray._types import Agent, AgentMode, Principal, RunStatus, TaskRun
-from cortex_ray.cycle import StepCallback
+from cortex_ray._types import Agent, AgentMode, Principal, RunStatus
 from cortex_ray.runtime import AccessGate
-from cortex_ray.runtime._runs import LeaseReader, RunUseCases
+from cortex_ray.runtime._runs import RunUseCases
 from cortex_ray.runtime._traces import Traces
 
 ADMIN = Principal(id="root", org_id="acme", is_admin=True)
 CAROL = Principal(id="carol", org_id="acme")
 DAVE = Principal(id="dave", org_id="acme")
-
-
-class NoDriver:
-    """A ``RunDriver`` for tests that never drive a run."""
-
-    @property
-    def leases(self) -> LeaseReader:
-        raise AssertionError("no lease is read here")
-
-    async def drive(
-        self, agent: Agent, run: TaskRun, on_step: StepCallback | None, *, owner: str
-    ) -> TaskRun:
-        raise AssertionError("no run is driven here")
-
-    async def resume(
-        self, org_id: str, run_id: UUID, *, on_step: StepCallback | None = None, owner: str
-    ) -> TaskRun:
-        raise AssertionError("no run is resumed here")
 
 
 @pytest.fixture
