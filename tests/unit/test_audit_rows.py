@@ -9,7 +9,7 @@ from uuid import UUID
 
 from fakes import FakeStore, FakeTransaction, NoDriver
 
-from cortex_ray._settings import Settings
+from cortex_ray import Settings
 from cortex_ray._types import AgentChanges, AgentMode, Principal
 from cortex_ray.act import ToolRegistry, builtin_tools
 from cortex_ray.runtime import AccessGate

@@ -8,8 +8,8 @@ from uuid import uuid4
 import pytest
 from fakes import FakeStore, FakeTransaction, NoDriver
 
+from cortex_ray import Settings
 from cortex_ray._exceptions import AccessDeniedError, InvalidRequestError, NotFoundError
-from cortex_ray._settings import Settings
 from cortex_ray._types import Agent, AgentMode, Principal, RunStatus
 from cortex_ray.runtime import AccessGate
 from cortex_ray.runtime._runs import RunUseCases

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from fakes import FakeStore, FakeTransaction
 
+from cortex_ray import Settings
 from cortex_ray._exceptions import AccessDeniedError, ConflictError, InvalidRequestError
-from cortex_ray._settings import Settings
 from cortex_ray._types import Agent, AgentMode, Principal, Session, SessionStatus
 from cortex_ray.runtime import AccessGate
 from cortex_ray.runtime._sessions import SessionUseCases
