@@ -4,7 +4,9 @@ protocols (``tests/fakes/``), with no PostgreSQL, Ray or model.
 Every test in this folder is marked ``unit`` (``pytest -m unit`` runs the tier: this folder,
 the modules elsewhere marked ``pytestmark = pytest.mark.unit``, and the fake variant of
 ``tests/test_store_contract.py``), and a test here that asks for a fixture that starts
-PostgreSQL, Ray or a model fails at once. A use-case test takes the fakes it needs::
+PostgreSQL, Ray or a model fails at once. A use-case service is built on the fakes with the
+real gate (``gate``: the real ``AccessControlService``, auditing into ``fake_store``), as
+``tests/unit/test_agent_use_cases.py`` does; a test that only needs the store takes the fakes::
 
     async def test_a_revoked_key_is_refused(fake_store: FakeStore) -> None:
         key, key_id = await fake_store.create_api_key(Principal(id="ci", org_id="acme"))
