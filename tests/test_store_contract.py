@@ -16,7 +16,12 @@ import psycopg
 import pytest
 from fakes import AUDIT_COLUMNS, FakeDatabase, FakeStore
 
-from cortex_ray._exceptions import InvalidRequestError, NotFoundError
+from cortex_ray._exceptions import (
+    AccessDeniedError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+)
 from cortex_ray._types import (
     ActionType,
     Agent,
@@ -31,7 +36,7 @@ from cortex_ray._types import (
     utcnow,
 )
 from cortex_ray.observability import REDACTED, scrub_text
-from cortex_ray.storage import AuditEntry, SessionMessage, TurnStore
+from cortex_ray.storage import AuditEntry, SessionMessage, TurnStatus, TurnStore
 
 
 @dataclass
@@ -270,6 +275,19 @@ async def test_a_submission_is_audited_with_its_run(backend: Backend, org: str) 
     assert [(r["tool"], r["status"], r["run_id"]) for r in rows] == [("tasks.submit", "OK", run.id)]
 
 
+async def test_a_run_with_no_spans_or_events_reads_back_none(backend: Backend, org: str) -> None:
+    # Spans and diagnostic events are the tracing exporter's and the cycle's writes, never
+    # a use case's: a recorded run has none until it is driven.
+    store = backend.store
+    agent = await store.create_agent(_agent(org))
+    run = await store.create_run(_run(org, agent))
+    assert await store.trace_spans(org, run.id) == []
+    assert await store.spans_of_trace(org, "0" * 32) == []
+    assert await store.diagnostics(org, run_id=run.id) == []
+    assert await store.diagnostics(org, session_id=uuid.uuid4()) == []
+    assert await store.diagnostics(org, session_id=uuid.uuid4(), turn_id=uuid.uuid4()) == []
+
+
 # sessions -------------------------------------------------------------------------------
 
 
@@ -311,6 +329,48 @@ async def test_a_conversation_keeps_committed_messages_in_order(
         SessionMessage(role=t.role, content=t.content, tool=t.tool) for t in [*said, *later]
     ]
     assert await backend.turns.history(other_org, session.id) == []
+
+
+async def test_turns_are_accepted_in_order_for_the_sessions_caller_only(
+    backend: Backend, org: str, other_org: str
+) -> None:
+    store, turns = backend.store, backend.turns
+    agent = await store.create_agent(_agent(org))
+    session = await store.create_session(Session(org_id=org, agent_id=agent.id, caller_id="a"))
+    said = [Turn(role="user", content="hi"), Turn(role="assistant", content="hello")]
+    async with backend.db.transaction() as conn:
+        await store.append_messages(conn, org, session.id, said)
+    first = await turns.accept(org, session.id, "a", "what time is it?")
+    second = await turns.accept(org, session.id, "a", "and the date?", max_pending=2)
+    assert (first.ordinal, second.ordinal) == (0, 1)
+    assert (first.status, first.caller_id, first.message) == (
+        TurnStatus.ACCEPTED, "a", "what time is it?"
+    )  # fmt: skip
+    assert (first.reply, first.events, first.attempts, first.finished_at) == (None, (), 0, None)
+    assert await turns.get(org, session.id, first.id) == first
+    assert await turns.status(org, session.id, second.id) is TurnStatus.ACCEPTED
+    assert await turns.history(org, session.id) == [
+        *(SessionMessage(role=t.role, content=t.content) for t in said),
+        *(
+            SessionMessage(role="user", content=t.message, turn_id=t.id,
+                           turn_status=TurnStatus.ACCEPTED)
+            for t in (first, second)
+        ),
+    ]  # fmt: skip
+    with pytest.raises(ConflictError, match="limit 2"):
+        await turns.accept(org, session.id, "a", "and now?", max_pending=2)
+    with pytest.raises(InvalidRequestError, match="empty"):
+        await turns.accept(org, session.id, "a", "  ")
+    with pytest.raises(AccessDeniedError, match="own caller"):
+        await turns.accept(org, session.id, "b", "hi")
+    with pytest.raises(NotFoundError):
+        await turns.accept(other_org, session.id, "a", "hi")
+    for read in (turns.get, turns.status):
+        with pytest.raises(NotFoundError, match="not found in session"):
+            await read(org, session.id, uuid.uuid4())
+        with pytest.raises(NotFoundError):
+            await read(other_org, session.id, first.id)
+    assert len(await turns.history(org, session.id)) == 4
 
 
 # API keys -------------------------------------------------------------------------------

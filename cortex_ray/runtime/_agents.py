@@ -13,7 +13,7 @@ from cortex_ray._types import Agent, AgentChanges, AgentMode, Grant, Principal
 from cortex_ray.access import UseCase
 from cortex_ray.act import BUILTIN_TOOL_NAMES, ToolRegistry
 from cortex_ray.runtime._gate import UseCaseGate, first_error
-from cortex_ray.storage import Store
+from cortex_ray.storage import AgentStore
 
 __all__ = ["AgentUseCases"]
 
@@ -21,7 +21,7 @@ __all__ = ["AgentUseCases"]
 class AgentUseCases:
     """The organisation's agents (``Runtime.list_agents``, ``create_agent``, ...)."""
 
-    def __init__(self, gate: UseCaseGate, store: Store, registry: ToolRegistry) -> None:
+    def __init__(self, gate: UseCaseGate, store: AgentStore, registry: ToolRegistry) -> None:
         self.gate = gate
         self.store = store
         self.registry = registry

@@ -26,6 +26,7 @@ from cortex_ray.storage import (
     Store,
     TurnLease,
     TurnLeaseLostError,
+    TurnLog,
     TurnRecord,
     TurnRef,
     TurnStore,
@@ -232,7 +233,7 @@ class Execution:
 
 
 async def wait_for_turn(
-    turns: TurnStore, org_id: str, session_id: UUID, turn_id: UUID, wait_s: float | None
+    turns: TurnLog, org_id: str, session_id: UUID, turn_id: UUID, wait_s: float | None
 ) -> TurnRecord:
     """The turn once it has ended, or as it is after ``wait_s`` seconds (``None``: no
     bound): a long poll of its status with back-off, one full read at the end."""

@@ -11,7 +11,7 @@ session, looked up only for a member of its organisation.
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 from uuid import UUID
 
 from pydantic import ValidationError
@@ -20,11 +20,24 @@ from cortex_ray._exceptions import AccessDeniedError
 from cortex_ray._types import Agent, Principal, Session
 from cortex_ray.access import AccessControlService, UseCase, UseCaseRequest
 from cortex_ray.act import ToolRegistry
-from cortex_ray.storage import AuditEntry, Store
+from cortex_ray.storage import AgentStore, AuditEntry, AuditLog, SessionStore, UnitOfWork
 
-__all__ = ["AccessGate", "UseCaseGate", "first_error"]
+__all__ = ["AccessGate", "GateStore", "UseCaseGate", "first_error"]
 
 log = logging.getLogger("cortex_ray.runtime")
+
+ConnT = TypeVar("ConnT")
+
+
+class GateStore(AgentStore, SessionStore, AuditLog[ConnT], Protocol[ConnT]):
+    """What the gate reads and writes: the agent or session a use case concerns, and the
+    audit log, whose rows commit in a transaction of the store's unit of work (``Store``
+    on ``Database``; ``FakeStore`` on ``FakeDatabase`` in the unit tests)."""
+
+    @property
+    def db(self) -> UnitOfWork[ConnT]:
+        """The unit of work the audit rows are written in."""
+        ...
 
 
 class UseCaseGate(Protocol):
@@ -99,10 +112,12 @@ class UseCaseGate(Protocol):
         ...
 
 
-class AccessGate:
+class AccessGate(Generic[ConnT]):
     """The ``UseCaseGate`` of a runtime: decided by ``access``, audited in ``store``."""
 
-    def __init__(self, store: Store, registry: ToolRegistry, access: AccessControlService) -> None:
+    def __init__(
+        self, store: GateStore[ConnT], registry: ToolRegistry, access: AccessControlService
+    ) -> None:
         self.store = store
         self.registry = registry
         self.access = access

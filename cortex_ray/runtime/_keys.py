@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Protocol
 from uuid import UUID
 
 from pydantic import ValidationError
@@ -14,9 +15,13 @@ from cortex_ray._exceptions import InvalidRequestError, NotFoundError
 from cortex_ray._types import Grant, Principal, PrincipalKind
 from cortex_ray.access import UseCase
 from cortex_ray.runtime._gate import UseCaseGate, first_error
-from cortex_ray.storage import Store
+from cortex_ray.storage import ApiKeyStore, PrincipalStore
 
-__all__ = ["ApiKeyCreated", "ApiKeyRevoked", "KeyUseCases"]
+__all__ = ["ApiKeyCreated", "ApiKeyRevoked", "KeyStore", "KeyUseCases"]
+
+
+class KeyStore(PrincipalStore, ApiKeyStore, Protocol):
+    """What the key use cases read and write: principals and their keys."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +49,7 @@ class ApiKeyRevoked:
 class KeyUseCases:
     """API keys (``Runtime.authenticate``, ``create_api_key``, ``revoke_api_key``)."""
 
-    def __init__(self, gate: UseCaseGate, store: Store) -> None:
+    def __init__(self, gate: UseCaseGate, store: KeyStore) -> None:
         self.gate = gate
         self.store = store
 

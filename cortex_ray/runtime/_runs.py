@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID, uuid4
 
 from cortex_ray._exceptions import InvalidRequestError
 from cortex_ray._types import Agent, AgentMode, Principal, RunMode, RunStatus, TaskRun
 from cortex_ray.access import UseCase
-from cortex_ray.cycle import DecisionCycle, StepCallback
+from cortex_ray.cycle import StepCallback
 from cortex_ray.governance import WorkflowVersion
 from cortex_ray.observability import (
     GEN_AI_AGENT_NAME,
@@ -27,9 +27,15 @@ from cortex_ray.runtime._follow import resume_or_wait as follow_run
 from cortex_ray.runtime._gate import UseCaseGate
 from cortex_ray.runtime._traces import Traces
 from cortex_ray.settings import Settings
-from cortex_ray.storage import LeaseHolder, Store
+from cortex_ray.storage import AgentStore, LeaseHolder, RunStore, TraceReader
 
-__all__ = ["MAX_CONTACT_CONTEXT_BYTES", "RunRequest", "RunUseCases"]
+__all__ = [
+    "MAX_CONTACT_CONTEXT_BYTES",
+    "RunDriver",
+    "RunRequest",
+    "RunUseCases",
+    "RunsStore",
+]
 
 MAX_CONTACT_CONTEXT_BYTES = 8192
 """The largest contact context a run takes, as UTF-8 JSON."""
@@ -66,14 +72,39 @@ class RunRequest:
     inputs: dict[str, Any] | None = None
 
 
+class RunsStore(RunStore, AgentStore, TraceReader, Protocol):
+    """What the run use cases read and write: runs, their agents, traces and diagnostics."""
+
+
+class LeaseReader(Protocol):
+    """Who holds a run's lease (``RunLeases``)."""
+
+    async def holder(self, org_id: str, run_id: UUID) -> LeaseHolder: ...
+
+
+class RunDriver(Protocol):
+    """What drives a run here (``DecisionCycle``): from its next step, or resumed."""
+
+    @property
+    def leases(self) -> LeaseReader: ...
+
+    async def drive(
+        self, agent: Agent, run: TaskRun, on_step: StepCallback | None, *, owner: str
+    ) -> TaskRun: ...
+
+    async def resume(
+        self, org_id: str, run_id: UUID, *, on_step: StepCallback | None = None, owner: str
+    ) -> TaskRun: ...
+
+
 class RunUseCases:
     """Task runs (``Runtime.start_run``, ``cancel_run``, ``get_run``, ...)."""
 
     def __init__(
         self,
         gate: UseCaseGate,
-        store: Store,
-        cycle: DecisionCycle,
+        store: RunsStore,
+        cycle: RunDriver,
         settings: Settings,
         traces: Traces,
         driver_id: str,

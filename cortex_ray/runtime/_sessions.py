@@ -3,6 +3,7 @@ traces and diagnostics, and admit its end. Driving a turn is the executor seam's
 
 from __future__ import annotations
 
+from typing import Protocol
 from uuid import UUID
 
 from cortex_ray._exceptions import ConflictError, InvalidRequestError
@@ -14,9 +15,21 @@ from cortex_ray.runtime._execution import wait_for_turn
 from cortex_ray.runtime._gate import UseCaseGate
 from cortex_ray.runtime._traces import Traces
 from cortex_ray.settings import Settings
-from cortex_ray.storage import SessionMessage, Store, TurnRecord, TurnStore
+from cortex_ray.storage import (
+    PrincipalStore,
+    SessionMessage,
+    SessionStore,
+    TraceReader,
+    TurnLog,
+    TurnRecord,
+)
 
-__all__ = ["SessionUseCases"]
+__all__ = ["SessionUseCases", "SessionsStore"]
+
+
+class SessionsStore(PrincipalStore, SessionStore, TraceReader, Protocol):
+    """What the session use cases read and write: the caller, sessions, their traces and
+    diagnostics (the turns are the ``TurnLog``'s)."""
 
 
 class SessionUseCases:
@@ -26,8 +39,8 @@ class SessionUseCases:
     def __init__(
         self,
         gate: UseCaseGate,
-        store: Store,
-        turns: TurnStore,
+        store: SessionsStore,
+        turns: TurnLog,
         settings: Settings,
         traces: Traces,
     ) -> None:

@@ -24,6 +24,8 @@ from cortex_ray.storage._protocols import (
     PrincipalStore,
     RunStore,
     SessionStore,
+    TraceReader,
+    TurnLog,
     UnitOfWork,
 )
 from cortex_ray.storage._stores import AuditEntry, Store
@@ -58,9 +60,11 @@ __all__ = [
     "SessionStore",
     "Store",
     "StoredTurnEvent",
+    "TraceReader",
     "TurnClaim",
     "TurnLease",
     "TurnLeaseLostError",
+    "TurnLog",
     "TurnRecord",
     "TurnRef",
     "TurnStatus",

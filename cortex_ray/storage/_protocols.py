@@ -25,8 +25,9 @@ from uuid import UUID
 from cortex_ray._types import Agent, Principal, RunStatus, Session, TaskRun, Turn
 
 if TYPE_CHECKING:
+    from cortex_ray.observability.diagnostics import DiagnosticEvent
     from cortex_ray.storage._stores import AuditEntry
-    from cortex_ray.storage._turns import SessionMessage
+    from cortex_ray.storage._turns import SessionMessage, TurnRecord, TurnStatus
 
 __all__ = [
     "AgentStore",
@@ -36,6 +37,8 @@ __all__ = [
     "PrincipalStore",
     "RunStore",
     "SessionStore",
+    "TraceReader",
+    "TurnLog",
     "UnitOfWork",
 ]
 
@@ -163,6 +166,60 @@ class ConversationLog(Protocol):
         ...
 
 
+class TurnLog(ConversationLog, Protocol):
+    """A conversation's turns as the session use cases admit and read them (``TurnStore``;
+    driving a turn is the executor's, not here)."""
+
+    async def accept(
+        self,
+        org_id: str,
+        session_id: UUID,
+        caller_id: str,
+        message: str,
+        *,
+        max_pending: int | None = None,
+    ) -> TurnRecord:
+        """The session's next turn, ACCEPTED. ``InvalidRequestError`` for an empty message,
+        ``NotFoundError`` for no such session, ``AccessDeniedError`` when ``caller_id`` is
+        not its caller, ``ConflictError`` once it ended or with ``max_pending`` turns not
+        ended."""
+        ...
+
+    async def get(self, org_id: str, session_id: UUID, turn_id: UUID) -> TurnRecord:
+        """``NotFoundError`` when the session has no such turn."""
+        ...
+
+    async def status(self, org_id: str, session_id: UUID, turn_id: UUID) -> TurnStatus:
+        """Only the turn's status (what a long poll reads); ``NotFoundError`` as ``get``."""
+        ...
+
+
+class TraceReader(Protocol):
+    """What a run or a turn left to read back: its locally kept spans and its diagnostic
+    timeline (written by the cycle and the tracing exporter, not by a use case)."""
+
+    async def trace_spans(self, org_id: str, run_id: UUID) -> list[dict[str, Any]]:
+        """Every span of the traces the organisation's run appears in, in start order (the
+        organisation's own and those that name none); empty for a run with none."""
+        ...
+
+    async def spans_of_trace(self, org_id: str, trace_id: str) -> list[dict[str, Any]]:
+        """The spans of one trace the organisation may read, in start order."""
+        ...
+
+    async def diagnostics(
+        self,
+        org_id: str,
+        *,
+        run_id: UUID | None = None,
+        session_id: UUID | None = None,
+        turn_id: UUID | None = None,
+    ) -> list[DiagnosticEvent]:
+        """A run's timeline, or a session's (one turn's with ``turn_id``), in the order
+        the events were written."""
+        ...
+
+
 class ApiKeyStore(Protocol):
     """Bearer API keys: handed out once, kept as a hash, revocable."""
 
@@ -194,5 +251,8 @@ if TYPE_CHECKING:
         runs: RunStore = store
         sessions: SessionStore = store
         keys: ApiKeyStore = store
+        traces: TraceReader = store
         conversations: ConversationLog = turns
-        del uow, audit, principals, agents, runs, sessions, keys, conversations
+        turn_log: TurnLog = turns
+        del uow, audit, principals, agents, runs, sessions, keys, traces, conversations
+        del turn_log

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from uuid import UUID
+from typing import Any
+from uuid import UUID, uuid4
 
 import psycopg
 
-from cortex_ray._exceptions import NotFoundError
-from cortex_ray._types import RunStatus, Session, TaskRun, Turn, utcnow
-from cortex_ray.storage import AuditEntry, SessionMessage
+from cortex_ray._exceptions import (
+    AccessDeniedError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+)
+from cortex_ray._types import RunStatus, Session, SessionStatus, TaskRun, Turn, utcnow
+from cortex_ray.observability import current_traceparent, submission_span
+from cortex_ray.observability.diagnostics import DiagnosticEvent
+from cortex_ray.storage import AuditEntry, SessionMessage, TurnRecord, TurnStatus
 from fakes._directory import Directory
 from fakes._tables import foreign_key
 from fakes._uow import FakeTransaction
@@ -21,9 +29,12 @@ _NOT_INSERTED = (
 )  # fmt: skip
 """The fields of a ``TaskRun`` that ``Store.create_run`` does not write (read back empty)."""
 
+_PENDING = (TurnStatus.ACCEPTED, TurnStatus.RUNNING)
+"""A turn not ended yet."""
+
 
 class Runs(Directory):
-    """``RunStore``, ``SessionStore`` and ``ConversationLog``."""
+    """``RunStore``, ``SessionStore``, ``TraceReader`` and ``TurnLog``."""
 
     # task runs ----------------------------------------------------------------------------
 
@@ -85,6 +96,29 @@ class Runs(Directory):
         if run is not None and run.status is RunStatus.RUNNING:
             self._finish(run, RunStatus.FAILED, reason)
 
+    # traces and diagnostics ---------------------------------------------------------------
+
+    async def trace_spans(self, org_id: str, run_id: UUID) -> list[dict[str, Any]]:
+        """As ``Store.trace_spans`` where no span was kept: the fake keeps none (spans are
+        the tracing exporter's, never a use case's write)."""
+        return []
+
+    async def spans_of_trace(self, org_id: str, trace_id: str) -> list[dict[str, Any]]:
+        """As ``Store.spans_of_trace`` where no span was kept."""
+        return []
+
+    async def diagnostics(
+        self,
+        org_id: str,
+        *,
+        run_id: UUID | None = None,
+        session_id: UUID | None = None,
+        turn_id: UUID | None = None,
+    ) -> list[DiagnosticEvent]:
+        """As ``Store.diagnostics`` where none was written: the fake keeps none (events are
+        the cycle's writes, never a use case's)."""
+        return []
+
     # sessions -----------------------------------------------------------------------------
 
     async def create_session(self, session: Session) -> Session:
@@ -110,12 +144,70 @@ class Runs(Directory):
         return list(turns if limit is None else turns[max(len(turns) - limit, 0) :])
 
     async def history(self, org_id: str, session_id: UUID) -> list[SessionMessage]:
-        """As ``TurnStore.history`` for a session whose messages were appended outside
-        any turn (the fake accepts no turns): each message, with no turn."""
-        return [
+        """As ``TurnStore.history``: the stored messages in order (the fake ends no turn,
+        so none names one), then each pending turn's user message by ordinal."""
+        stored = [
             SessionMessage(role=t.role, content=t.content, tool=t.tool)
             for t in self.messages.get((org_id, session_id), [])
         ]
+        pending = [
+            SessionMessage(role="user", content=t.message, turn_id=t.id, turn_status=t.status)
+            for t in self.turns.get((org_id, session_id), [])
+            if t.status in _PENDING
+        ]
+        return stored + pending
+
+    # turns --------------------------------------------------------------------------------
+
+    async def accept(
+        self,
+        org_id: str,
+        session_id: UUID,
+        caller_id: str,
+        message: str,
+        *,
+        max_pending: int | None = None,
+    ) -> TurnRecord:
+        """As ``TurnStore.accept`` (an executor, absent here, would drive the turn)."""
+        if not message.strip():
+            raise InvalidRequestError("the message is empty")
+        with submission_span(
+            "accept_turn", {"cortex.org_id": org_id, "cortex.session_id": str(session_id)}
+        ):
+            session = await self.get_session(org_id, session_id)
+            if session.caller_id != caller_id:
+                raise AccessDeniedError("only the session's own caller may talk in it")
+            if session.status is not SessionStatus.OPEN:
+                raise ConflictError(f"session {session_id} has ended")
+            turns = self.turns.setdefault((org_id, session_id), [])
+            pending = sum(t.status in _PENDING for t in turns)
+            if max_pending is not None and pending >= max_pending:
+                raise ConflictError(
+                    f"session {session_id} already has {pending} turn(s) running or "
+                    f"queued (limit {max_pending}); try again when it answers"
+                )
+            turn = TurnRecord(
+                id=uuid4(),
+                org_id=org_id,
+                session_id=session_id,
+                ordinal=max((t.ordinal for t in turns), default=-1) + 1,
+                caller_id=caller_id,
+                message=message,
+                status=TurnStatus.ACCEPTED,
+                accepted_at=utcnow(),
+                trace_parent=current_traceparent(),
+            )
+        turns.append(turn)
+        return turn
+
+    async def get(self, org_id: str, session_id: UUID, turn_id: UUID) -> TurnRecord:
+        for turn in self.turns.get((org_id, session_id), []):
+            if turn.id == turn_id:
+                return turn
+        raise NotFoundError(f"turn {turn_id} not found in session {session_id}")
+
+    async def status(self, org_id: str, session_id: UUID, turn_id: UUID) -> TurnStatus:
+        return (await self.get(org_id, session_id, turn_id)).status
 
     async def append_messages(
         self, conn: FakeTransaction, org_id: str, session_id: UUID, turns: Sequence[Turn]

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
         PrincipalStore,
         RunStore,
         SessionStore,
+        TraceReader,
+        TurnLog,
         UnitOfWork,
     )
 
@@ -35,5 +37,7 @@ if TYPE_CHECKING:
         runs: RunStore = store
         sessions: SessionStore = store
         keys: ApiKeyStore = store
+        traces: TraceReader = store
         conversations: ConversationLog = store
-        del uow, audit, principals, agents, runs, sessions, keys, conversations
+        turns: TurnLog = store
+        del uow, audit, principals, agents, runs, sessions, keys, traces, conversations, turns

@@ -14,7 +14,7 @@ import psycopg
 
 from cortex_ray._types import Agent, Principal, Session, TaskRun, Turn, utcnow
 from cortex_ray.observability import scrub, scrub_text
-from cortex_ray.storage import AuditEntry
+from cortex_ray.storage import AuditEntry, TurnRecord
 from fakes._uow import FakeDatabase, FakeTransaction
 
 __all__ = ["AUDIT_COLUMNS", "ApiKeyRow", "Tables"]
@@ -55,6 +55,7 @@ class Tables:
         self.runs: dict[tuple[str, UUID], TaskRun] = {}
         self.sessions: dict[tuple[str, UUID], Session] = {}
         self.messages: dict[tuple[str, UUID], list[Turn]] = {}
+        self.turns: dict[tuple[str, UUID], list[TurnRecord]] = {}
         self.api_keys: dict[tuple[str, UUID], ApiKeyRow] = {}
         self.audit: list[dict[str, Any]] = []
         self.payloads: dict[tuple[str, str], str] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import pytest
 from fakes import FakeDatabase, FakeStore
@@ -19,6 +20,8 @@ from cortex_ray.storage import (
     RunStore,
     SessionStore,
     Store,
+    TraceReader,
+    TurnLog,
     TurnStore,
     UnitOfWork,
 )
@@ -45,12 +48,14 @@ _REAL: dict[type, type] = {
     PrincipalStore: Store,
     RunStore: Store,
     SessionStore: Store,
+    TraceReader: Store,
+    TurnLog: TurnStore,
     UnitOfWork: Database,
 }
 """Each protocol and the class that implements it in production."""
 
 
-def _shape(function: object) -> list[tuple[str, object, object]]:
+def _shape(function: Callable[..., object]) -> list[tuple[str, object, object]]:
     """A signature's parameters as a caller sees them (the handle's type aside)."""
     parameters = inspect.signature(function).parameters.values()
     return [(p.name, p.kind, p.default) for p in parameters if p.name != "self"]
