@@ -6,13 +6,8 @@ import jsonschema
 import pytest
 
 from cortex_ray import ActionType, Candidate, ToolSpec
-from cortex_ray.decide._autonomous import (
-    RATIONALE_CHARS,
-    parse_candidates,
-    parse_scores,
-    proposal_schema,
-    score_schema,
-)
+from cortex_ray.decide._evaluating import parse_scores, score_schema
+from cortex_ray.decide._proposals import RATIONALE_CHARS, parse_candidates, proposal_schema
 
 pytestmark = pytest.mark.unit
 

@@ -34,7 +34,8 @@ from cortex_ray import (
 )
 from cortex_ray._types import MemorySnapshot, WorkingMemory
 from cortex_ray.decide import AutonomousDriver
-from cortex_ray.decide._autonomous import no_judgement, nothing_left, proposal_schema
+from cortex_ray.decide._proposals import nothing_left, proposal_schema
+from cortex_ray.decide._selecting import no_judgement
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient
 from cortex_ray.perceive import PromptComposer

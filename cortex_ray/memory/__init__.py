@@ -3,8 +3,8 @@
 ``MemoryService`` is the one way in: LEARN writes through it (``prepare`` outside the
 transaction, ``write_prepared`` inside the cycle's), PERCEIVE reads it once per cycle
 (``snapshot``), and procedural edits go through ``propose_edit``/``decide_proposal``.
-See ``cortex_ray.memory._service`` for the bitemporal model and
-``cortex_ray.memory._recall`` for the recall score.
+See ``cortex_ray.memory._service`` for the bitemporal model and the parts that compose the
+service, and ``cortex_ray.memory._recall`` for the recall score.
 """
 
 from cortex_ray._types import EMBEDDING_DIM
@@ -13,12 +13,10 @@ from cortex_ray.memory._importance import (
     HeuristicImportanceScorer,
     ImportanceScorer,
     ModelImportanceScorer,
-)
-from cortex_ray.memory._service import (
-    MemoryService,
-    PreparedMemory,
     importance_scorer_for,
 )
+from cortex_ray.memory._prepare import PreparedMemory
+from cortex_ray.memory._service import MemoryService
 
 __all__ = [
     "EMBEDDING_DIM",

@@ -14,12 +14,14 @@ from uuid import UUID
 from cortex_ray._exceptions import ModelError
 from cortex_ray._types import MemoryKind
 from cortex_ray.models import BACKGROUND_PRIORITY, ChatMessage, ModelClient, structured_call
+from cortex_ray.settings import STRUCTURED_RETRIES, MemoryOptions
 
 __all__ = [
     "HeuristicImportanceScorer",
     "ImportanceRescorer",
     "ImportanceScorer",
     "ModelImportanceScorer",
+    "importance_scorer_for",
 ]
 
 log = logging.getLogger("cortex_ray.memory")
@@ -183,6 +185,32 @@ class ModelImportanceScorer:
                 self.timeout_s,
             )
         return await self.fallback.score(kind, content)
+
+
+def importance_scorer_for(
+    options: MemoryOptions,
+    model: ModelClient | None,
+    *,
+    structured_retries: int = STRUCTURED_RETRIES,
+) -> ImportanceScorer:
+    """The scorer the memory options ask for: the model's, with the heuristic as its fallback
+    (``structured_retries``: ``Settings.models.structured_retries``).
+
+    Returns the heuristic alone when no model is configured or
+    ``importance_scoring == "heuristic"``. The model's scorer waits at most
+    ``importance_timeout_s`` and, with ``importance_mode == "background"``, is deferred:
+    memories are written with the heuristic score and rescored after the write.
+    """
+    heuristic = HeuristicImportanceScorer()
+    if model is None or options.importance_scoring == "heuristic":
+        return heuristic
+    return ModelImportanceScorer(
+        model,
+        structured_retries,
+        heuristic,
+        timeout_s=options.importance_timeout_s,
+        deferred=options.importance_mode == "background",
+    )
 
 
 ApplyImportance = Callable[[str, UUID, float], Awaitable[bool]]
