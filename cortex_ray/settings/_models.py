@@ -132,7 +132,10 @@ class ModelOptions(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> ModelOptions:
         if self.backend == "openai" and not self.url:
-            raise ValueError("backend=openai needs url (CORTEX_MODELS__URL)")
+            raise ValueError(
+                "backend=openai needs url "
+                "(CORTEX_MODELS__URL; formerly model_url, CORTEX_MODEL_URL)"
+            )
         return self
 
 
@@ -168,5 +171,8 @@ class EmbeddingOptions(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> EmbeddingOptions:
         if self.backend == "openai" and not self.url:
-            raise ValueError("backend=openai needs url (CORTEX_EMBEDDINGS__URL)")
+            raise ValueError(
+                "backend=openai needs url "
+                "(CORTEX_EMBEDDINGS__URL; formerly embedding_url, CORTEX_EMBEDDING_URL)"
+            )
         return self
