@@ -83,8 +83,8 @@ class OverloadedError(UnavailableError):
     """Too much work is in progress to take more now; nothing was recorded. Try again after
     ``retry_after_s`` seconds (an estimate; HTTP sends it as ``Retry-After``)."""
 
-    def __init__(self, message: str, *, retry_after_s: float) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, retry_after_s: float = 5.0) -> None:
+        super().__init__(message)  # args: the message alone; pickled with its attribute
         self.retry_after_s = retry_after_s
 
 

@@ -108,6 +108,15 @@ class AgentStore(Protocol):
         ...
 
 
+class WorkCounter(Protocol):
+    """What admission counts before it accepts more work (``cortex_ray.runtime``)."""
+
+    async def work_in_progress(self) -> int:
+        """Turns not ended (ACCEPTED, RUNNING) plus RUNNING runs, in every organisation:
+        the work the shared models have taken on (a number, no row of anyone's)."""
+        ...
+
+
 class RunStore(Protocol):
     """Task runs as the use cases see them (the executor's ledger writes are not here)."""
 

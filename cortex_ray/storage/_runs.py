@@ -169,6 +169,20 @@ class RunRows(AuditRows):
             raise NotFoundError(f"task run {run_id} not found in organisation {org_id!r}")
         return RunStatus(row["status"])
 
+    async def work_in_progress(self) -> int:
+        """Turns not ended plus RUNNING runs, across organisations (``WorkCounter``): two
+        counts on the partial indexes of what is not ended."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT (SELECT count(*) FROM task_runs WHERE status = 'RUNNING')
+                     + (SELECT count(*) FROM session_turns
+                        WHERE status IN ('ACCEPTED', 'RUNNING')) AS n
+                """
+            )
+            row = await cur.fetchone()
+        return int(row["n"]) if row is not None else 0
+
     async def fail_run(self, org_id: str, run_id: UUID, reason: str) -> None:
         """Move a RUNNING run to FAILED with ``reason``; a terminal run stays as it is."""
         async with self.db.transaction() as conn:

@@ -175,7 +175,9 @@ class HandleModelClient:
             # The replica keeps the call in its line until the deadline; the bound on the
             # answer adds the generation's own (model_timeout_s).
             bound = None if self._timeout_s is None else left + self._timeout_s
-            result = await answer_within(self._backend.chat(body, left), bound, self._model)
+            result: dict[str, Any] | Failure = await answer_within(
+                self._backend.chat(body, left), bound, self._model
+            )
             if not isinstance(result, Failure):
                 return result
             if result.code != "model_overloaded":
@@ -191,7 +193,9 @@ class HandleModelClient:
         """The answer, a full line tried again ``retries`` times (backing off)."""
         delay = self._overload_backoff_s
         for attempt in range(retries + 1):
-            result = await answer_within(self._backend.chat(body), self._timeout_s, self._model)
+            result: dict[str, Any] | Failure = await answer_within(
+                self._backend.chat(body), self._timeout_s, self._model
+            )
             if not isinstance(result, Failure):
                 return result
             if result.code != "model_overloaded" or attempt == retries:

@@ -64,6 +64,11 @@ class Runs(Directory):
     async def run_status(self, org_id: str, run_id: UUID) -> RunStatus:
         return self._run(org_id, run_id).status
 
+    async def work_in_progress(self) -> int:
+        running = sum(r.status is RunStatus.RUNNING for r in self.runs.values())
+        pending = sum(t.status in _PENDING for ts in self.turns.values() for t in ts)
+        return running + pending
+
     async def list_runs(
         self, org_id: str, agent_id: UUID | None = None, limit: int = 50
     ) -> list[TaskRun]:
