@@ -3,7 +3,8 @@
 An accepted turn or run is a promise: it waits for the model when it must (until its own
 deadline, ``cortex_ray.models.waiting_until``) but never fails halfway because the model's
 line was full. So the promise is not made beyond what the models hold: before a turn or a
-run is recorded, the work in progress (turns not ended, RUNNING runs, in every
+run is recorded, the work in progress (turns not ended and RUNNING runs that a driver holds,
+that were just accepted, or that wait behind their session's live turn, in every
 organisation: they share the models) is compared with the limit, ``runs.max_in_progress``,
 or, when that is 0, the capacity the served model reports (its replicas × (1 +
 ``max_waiting``): one model call of each piece of work fits in its lines). At the limit the
@@ -47,12 +48,17 @@ class Admission:
             (``CapacityReporter``, the ``served`` backend's client).
         limit: ``runs.max_in_progress``: a fixed limit; 0 takes the model's capacity (no
             limit when it reports none).
+        recent_s: Work created this recently counts although no driver holds it yet
+            (``runs.orphan_grace_s``: after it, an undriven run is the supervisor's).
     """
 
-    def __init__(self, counter: WorkCounter, model: ModelClient | None, limit: int) -> None:
+    def __init__(
+        self, counter: WorkCounter, model: ModelClient | None, limit: int, recent_s: float
+    ) -> None:
         self._counter = counter
         self._model = model if isinstance(model, CapacityReporter) else None
         self._limit = limit
+        self._recent_s = recent_s
 
     async def admit(self, org_id: str, kind: Literal["turn", "run"]) -> None:
         """Return when one more ``kind`` may be accepted.
@@ -66,7 +72,7 @@ class Admission:
         limit = self._limit or (capacity.slots if capacity is not None else 0)
         if limit <= 0:
             return
-        active = await self._counter.work_in_progress()
+        active = await self._counter.work_in_progress(self._recent_s)
         if active < limit:
             return
         retry = _retry_after(capacity)

@@ -193,7 +193,9 @@ def wire(
     driver_id = f"{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:8]}"
     gate = AccessGate(store, registry, access)
     evals = EvalStore(db)
-    admission = Admission(store, model, settings.runs.max_in_progress)
+    admission = Admission(
+        store, model, settings.runs.max_in_progress, recent_s=settings.runs.orphan_grace_s
+    )
     runs = RunUseCases(gate, store, cycle, settings, traces, driver_id, admission)
 
     def tools_of(connector: str) -> list[str]:
