@@ -34,6 +34,9 @@ class _Reporting:
     async def capacity(self) -> ModelCapacity | None:
         return self.report
 
+    async def aclose(self) -> None:
+        pass
+
 
 async def _held(store: FakeStore, n: int) -> None:
     """``n`` runs in progress."""
