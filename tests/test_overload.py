@@ -309,3 +309,23 @@ async def test_a_turn_that_meets_a_full_line_waits_and_answers(
     # The turn's own calls (tools or a schema, not the hogs' text) were refused at least
     # once: it met a full line, waited and answered.
     assert any(after.get(k, 0) > before.get(k, 0) for k in after if k != "text"), (before, after)
+
+
+def test_the_error_map_gives_503_overloaded_with_retry_after_and_504_with_the_reason() -> None:
+    """What the API answers for the two errors, also when Ray wraps them (raised in a
+    session actor)."""
+    from ray.exceptions import RayTaskError
+
+    from cortex_ray import OverloadedError
+    from serve._errors import headers_of, status_of
+
+    over = OverloadedError("at capacity: 17 turns and runs are in progress", retry_after_s=6.2)
+    late = DeadlineExceededError("the turn's deadline (900 s after it was accepted) passed")
+    for cause, status, code, headers in (
+        (over, 503, "overloaded", {"Retry-After": "7"}),
+        (late, 504, "timeout", {}),
+    ):
+        wrapped = RayTaskError("f", "tb", cause, proctitle="ray::AgentSession.turn")
+        for exc in (cause, wrapped.as_instanceof_cause()):
+            assert status_of(exc) == (status, code, str(cause))
+            assert headers_of(exc) == headers
