@@ -49,6 +49,7 @@ from agent_load import GOAL, percentile, settle
 from ray import serve as ray_serve
 
 from cortex_ray import Grant, Principal, Settings
+from cortex_ray.models import TEST_MODEL_NAME
 from cortex_ray.storage import Database, Store
 from serve import ApiOptions, run_local
 from serve._lifecycle import Interrupted, ray_driver
@@ -317,12 +318,15 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8713, help="Serve's HTTP port (loopback)")
     parser.add_argument("--num-cpus", type=int, default=2, help="the local Ray's CPUs")
     parser.add_argument("--data-dir", type=Path, default=None, help="embedded PostgreSQL folder")
+    parser.add_argument(
+        "--model", default=TEST_MODEL_NAME, help="the packaged chat model (default: SmolLM2)"
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when anything was lost")
     args = parser.parse_args()
     args.conversations_list = [int(n) for n in args.conversations.split(",") if n.strip()]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with scratch_data_dir(args.data_dir) as data_dir:
-        base = Settings(data_dir=data_dir, api=ApiOptions(port=args.port))
+        base = Settings(data_dir=data_dir, api=ApiOptions(port=args.port), model_name=args.model)
         try:
             with ray_driver(
                 num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False

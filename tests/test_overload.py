@@ -325,7 +325,7 @@ def test_the_error_map_gives_503_overloaded_with_retry_after_and_504_with_the_re
         (over, 503, "overloaded", {"Retry-After": "7"}),
         (late, 504, "timeout", {}),
     ):
-        wrapped = RayTaskError("f", "tb", cause, proctitle="ray::AgentSession.turn")
-        for exc in (cause, wrapped.as_instanceof_cause()):
+        wrapped = RayTaskError("f", "tb", cause, proctitle="ray::AgentSession.turn")  # type: ignore[no-untyped-call]
+        for exc in (cause, wrapped.as_instanceof_cause()):  # type: ignore[no-untyped-call]
             assert status_of(exc) == (status, code, str(cause))
             assert headers_of(exc) == headers
