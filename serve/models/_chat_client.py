@@ -207,8 +207,9 @@ class HandleModelClient:
 
     async def capacity(self) -> ModelCapacity | None:
         """What the model holds at once over its replicas (``ModelCapacity``), from one
-        replica's counters (reused for a few seconds); ``None`` when the backend reports
-        none (vLLM) or the replica does not answer."""
+        replica's counters (reused for a few seconds; the last report when the replica does
+        not answer in time); ``None`` when the backend reports none (vLLM) or nothing was
+        ever read."""
         now = time.monotonic()
         if self._capacity is not None and now - self._capacity[0] < _CAPACITY_FRESH_S:
             return self._capacity[1]
@@ -217,6 +218,9 @@ class HandleModelClient:
         except ModelError:
             log.warning("%s: its load could not be read", self._model, exc_info=True)
             load = None
+        if load is None and self._capacity is not None:
+            # A replica too busy to answer in time is no reason to admit without a limit.
+            return self._capacity[1]
         found = None
         if load is not None:
             replicas = await self._running_replicas()
