@@ -201,7 +201,7 @@ async def bench(args: argparse.Namespace, settings: Settings, url: str) -> int:
         await db.close()
     headers = {"Authorization": f"Bearer {key}"}
     timeout = httpx2.Timeout(args.http_timeout)
-    limits = httpx2.Limits(max_connections=max(args.conversations, args.runs) + 8)
+    limits = httpx2.Limits(max_connections=max([*args.conversations_list, args.runs]) + 8)
     llm = ray_serve.get_deployment_handle(LLM_NAME, app_name=settings.models.app)
     async with httpx2.AsyncClient(
         base_url=url, headers=headers, timeout=timeout, limits=limits
