@@ -7,7 +7,9 @@ run is recorded, the work in progress (turns not ended and RUNNING runs that a d
 that were just accepted, or that wait behind their session's live turn, in every
 organisation: they share the models) is compared with the limit, ``runs.max_in_progress``,
 or, when that is 0, the capacity the served model reports (its replicas × (1 +
-``max_waiting``): one model call of each piece of work fits in its lines). At the limit the
+``max_waiting``): one model call of each piece of work fits in its lines), lowered to what
+the model's recent pace serves within a deadline (a piece of work waits behind the others
+for each of its calls). At the limit the
 request is refused with ``OverloadedError`` (HTTP 503 ``overloaded`` with ``Retry-After``)
 and nothing is stored.
 
@@ -50,15 +52,24 @@ class Admission:
             limit when it reports none).
         recent_s: Work created this recently counts although no driver holds it yet
             (``runs.orphan_grace_s``: after it, an undriven run is the supervisor's).
+        deadline_s: The shorter of a turn's and a step's deadline: with the model's
+            capacity, no more work is admitted than its recent pace serves within it
+            (0: the places alone).
     """
 
     def __init__(
-        self, counter: WorkCounter, model: ModelClient | None, limit: int, recent_s: float
+        self,
+        counter: WorkCounter,
+        model: ModelClient | None,
+        limit: int,
+        recent_s: float,
+        deadline_s: float = 0.0,
     ) -> None:
         self._counter = counter
         self._model = model if isinstance(model, CapacityReporter) else None
         self._limit = limit
         self._recent_s = recent_s
+        self._deadline_s = deadline_s
 
     async def admit(self, org_id: str, kind: Literal["turn", "run"]) -> None:
         """Return when one more ``kind`` may be accepted.
@@ -69,7 +80,7 @@ class Admission:
                 piece of work makes ÷ its replicas).
         """
         capacity = await self._capacity()
-        limit = self._limit or (capacity.slots if capacity is not None else 0)
+        limit = self._limit or (self._served_limit(capacity) if capacity is not None else 0)
         if limit <= 0:
             return
         active = await self._counter.work_in_progress(self._recent_s)
@@ -84,6 +95,17 @@ class Admission:
             f"was recorded: try again in {retry} s",
             retry_after_s=retry,
         )
+
+    def _served_limit(self, capacity: ModelCapacity) -> int:
+        """The model's places, and no more work than it serves within a deadline: each
+        piece waits behind the others for each of its calls, so at the model's recent pace
+        ``deadline_s × replicas ÷ (calls × mean_request_s)`` pieces end in time."""
+        limit = capacity.slots
+        if capacity.mean_request_s > 0 and self._deadline_s > 0:
+            in_time = self._deadline_s * max(capacity.replicas, 1)
+            in_time /= _CALLS_PER_WORK * capacity.mean_request_s
+            limit = min(limit, max(1, math.floor(in_time)))
+        return limit
 
     async def _capacity(self) -> ModelCapacity | None:
         if self._model is None:

@@ -194,8 +194,9 @@ def wire(
     gate = AccessGate(store, registry, access)
     evals = EvalStore(db)
     admission = Admission(
-        store, model, settings.runs.max_in_progress, recent_s=settings.runs.orphan_grace_s
-    )
+        store, model, settings.runs.max_in_progress, recent_s=settings.runs.orphan_grace_s,
+        deadline_s=min(settings.sessions.turn_deadline_s, settings.runs.step_deadline_s),
+    )  # fmt: skip
     runs = RunUseCases(gate, store, cycle, settings, traces, driver_id, admission)
 
     def tools_of(connector: str) -> list[str]:

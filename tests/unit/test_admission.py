@@ -76,6 +76,22 @@ async def test_at_the_models_capacity_a_turn_and_a_run_are_refused_and_nothing_i
     await sessions.accept_turn("acme", session.id, "hello", principal=CAROL)
 
 
+async def test_no_more_is_admitted_than_the_models_pace_serves_within_the_deadline(
+    gate: AccessGate[FakeTransaction], fake_store: FakeStore, settings: Settings
+) -> None:
+    await fake_store.create_agent(Agent(org_id="acme", name="worker", mode=AgentMode.AUTONOMOUS))
+    await _held(fake_store, 4)
+    # 17 places, but at 20 s a request, 3 calls a piece: 300 s ÷ 60 s = 5 pieces in time.
+    model = _Reporting(ModelCapacity(slots=17, waiting=0, replicas=1, mean_request_s=20.0))
+    admission = Admission(fake_store, model, 0, 60, deadline_s=300.0)
+    runs, _ = _use_cases(gate, fake_store, settings, admission)
+    await runs.start_run("acme", "worker", "the fifth", principal=CAROL)
+    with pytest.raises(OverloadedError, match=r"5 turns and runs are in progress \(limit 5\)"):
+        await runs.start_run("acme", "worker", "the sixth", principal=CAROL)
+    model.report = ModelCapacity(slots=17, waiting=0, replicas=2, mean_request_s=20.0)
+    await runs.start_run("acme", "worker", "two replicas serve twice as many", principal=CAROL)
+
+
 async def test_the_setting_wins_and_no_report_means_no_limit(
     gate: AccessGate[FakeTransaction], fake_store: FakeStore, settings: Settings
 ) -> None:
