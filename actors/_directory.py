@@ -44,7 +44,7 @@ from actors._naming import DIRECTORY_NAME, ActorKey
 from actors._session import WARM_PREFIX, create_warm, get_or_create, placement
 from cortex_ray import NotFoundError, RunStatus, SessionPolicy, Settings
 from cortex_ray.observability import metrics
-from cortex_ray.storage import Database, Store
+from cortex_ray.storage import Database, Store, TurnStore
 
 __all__ = ["SessionDirectory", "get_or_create_directory"]
 
@@ -74,11 +74,13 @@ class SessionDirectory:
             settings.storage.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
         )
         self._store = Store(self._db)
+        self._turns = TurnStore(self._db)
         self._sessions: OrderedDict[str, str] = OrderedDict()  # name → actor id, LRU first
         self._bound: dict[str, Bound] = {}  # session name → the actor serving it
         self._warm: deque[Bound] = deque()  # started, unbound, oldest first
         self._starting = 0  # warm actors being started
         self._watched: set[str] = set()  # actor ids whose lifetime is watched
+        self._serving: dict[str, str] = {}  # actor id → the session name it serves
         self._binding = asyncio.Lock()
         self._watchers: dict[str, asyncio.Task[RunStatus | None]] = {}
         self._evicting = asyncio.Lock()
@@ -132,6 +134,7 @@ class SessionDirectory:
                 continue
             # A session actor: named after its key, or a warm one that adopted it.
             self._bound[status["name"]] = (handle, actor_id)
+            self._serving[actor_id] = status["name"]
             sessions.append((status["idle_s"], status["name"], actor_id))
         for _, name, actor_id in sorted(sessions, reverse=True):  # most idle first = LRU
             self._sessions[name] = actor_id
@@ -186,6 +189,7 @@ class SessionDirectory:
             self._forget_actor(key.name, stale)
             chosen = self._named(key) or await self._adopt(key, policy) or self._create(key, policy)
             self._bound[key.name] = chosen
+            self._serving[chosen[1]] = key.name
         if len(self._warm) + self._starting < self._policy.warm_actors:
             self._spawn(self._fill_pool())
         return chosen
@@ -265,7 +269,9 @@ class SessionDirectory:
             self._spawn(self._follow(handle, actor_id))
 
     async def _follow(self, handle: ActorHandle[Any], actor_id: str) -> None:
-        """Wait on an actor's ``lifetime``; when it leaves or dies, forget it everywhere."""
+        """Wait on an actor's ``lifetime``; when it leaves or dies, forget it everywhere; when
+        it died serving a session, have that session's turns driven again at once."""
+        died = False
         try:
             while True:
                 try:
@@ -274,9 +280,13 @@ class SessionDirectory:
                 except ActorUnavailableError:
                     await asyncio.sleep(0.5)  # restarting (a named actor): same key, same id
                 except RayActorError:
-                    break  # dead
+                    died = True
+                    break
         finally:
             self._watched.discard(actor_id)
+        serving = self._serving.pop(actor_id, None)
+        if died and serving is not None:
+            self._spawn(self._recover_turns(serving, actor_id))
         self._warm = deque(w for w in self._warm if w[1] != actor_id)
         for name, bound in list(self._bound.items()):
             if bound[1] == actor_id:
@@ -285,6 +295,44 @@ class SessionDirectory:
                     del self._sessions[name]
         if len(self._warm) + self._starting < self._policy.warm_actors:
             await self._fill_pool()
+
+    async def _recover_turns(self, name: str, dead: str) -> None:
+        """The actor serving session ``name`` died (Ray says so at once): the turns it held
+        are driven again now by its successor, which takes their leases back (they are held
+        in the session's name), instead of once they expire and the supervisor sweeps."""
+        key = ActorKey.parse(name)
+        if key is None or key.kind != "session":
+            return
+        try:
+            turn_ids = await self._turns.resumable(key.org_id, key.id, key.name)
+        except Exception as exc:  # the supervisor recovers them once their leases expire
+            log.warning("%s: its turns could not be read to recover them: %s", name, exc)
+            return
+        if not turn_ids:
+            return
+        deadline = time.monotonic() + self._policy.reactivation_timeout_s
+        stale = dead
+        while True:
+            actor_id = stale
+            try:
+                handle, actor_id = await self.acquire(key.org_id, key.id, stale)
+                for turn_id in turn_ids:
+                    await asyncio.wait_for(
+                        handle.recover_turn.remote(turn_id),
+                        timeout=self._policy.directory_call_timeout_s,
+                    )
+            except Exception as exc:  # restarting, leaving, slow: ask again, for a while
+                if time.monotonic() > deadline:
+                    log.warning("%s: its turns were left to the supervisor: %s", name, exc)
+                    return
+                stale = actor_id
+                await asyncio.sleep(0.2)
+                continue
+            log.info(
+                "%s: its actor %s died; %d turn(s) driven again at once by %s",
+                name, dead, len(turn_ids), actor_id,
+            )  # fmt: skip
+            return
 
     async def live_sessions(self) -> list[str]:
         """Names of the live session actors, least recently used first."""

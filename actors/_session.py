@@ -162,6 +162,10 @@ class AgentSession:
         else:
             self._idle = asyncio.create_task(self._idle_watch(), name=f"idle {key.name}")
             self._tell_directory("register", key.name, self._actor_id)
+            if ray.get_runtime_context().was_current_actor_reconstructed:
+                # Restarted by Ray after a crash: the turns it held are driven again now
+                # (their leases are in this name), not once they expire.
+                self._spawn(self._recover_held_turns(key))
 
     def __repr__(self) -> str:
         """What Ray's dashboard shows as the actor's ``repr_name`` (and ``ray list actors
@@ -285,6 +289,17 @@ class AgentSession:
             self._start_turn(
                 turn_id, self._runtime.recover_turn(key.org_id, key.id, turn_id, owner=key.name)
             )
+
+    async def _recover_held_turns(self, key: ActorKey) -> None:
+        try:
+            turn_ids = await self._runtime.turns.resumable(key.org_id, key.id, key.name)
+            for turn_id in turn_ids:
+                await self.recover_turn(turn_id)
+        except Exception:  # the supervisor recovers them once their leases expire
+            log.warning("%s: its turns could not be recovered after a restart", key.name)
+            return
+        if turn_ids:
+            log.info("%s: restarted; %d turn(s) driven again at once", key.name, len(turn_ids))
 
     def _start_turn(self, turn_id: uuid.UUID | None, coro: Any) -> asyncio.Task[TurnResult]:
         """Run a turn as a task this actor holds (it outlives the call that started it)."""
