@@ -196,7 +196,7 @@ async def stack(
     actors; the test process's runtime shares the test database."""
     # A reconnect follows a turn until it is quiet this long (its tool rounds here are
     # at most four seconds apart).
-    sessions = settings.sessions.model_copy(update={"turn_replay_wait_s": 6.0})
+    sessions = settings.sessions.model_copy(update={"turn_replay_wait_s": 10.0})
     app_settings = settings.model_copy(update={"database_url": db.dsn, "sessions": sessions})
     runtime = await DurableRuntime().open(app_settings, db=db)
     policy = SessionPolicy(namespace=f"test-durable-{uuid.uuid4().hex[:8]}", warm_actors=1)
@@ -391,7 +391,14 @@ async def test_a_reconnect_follows_a_running_turn_live(
     ) as r:
         started = await anext(httpx2.EventSource(r).__aiter__())
         turn_id = started.json()["turnId"]
-    # Gone right after `started`: the reconnect follows the turn as it runs.
+    # Gone right after `started`; back once the turn is driven (an actor may take a few
+    # seconds to start on a busy machine): the reconnect follows the turn as it runs.
+
+    async def driven() -> bool:
+        turn = (await client.get(f"{base}/turns/{turn_id}", headers=headers)).json()
+        return bool(turn["status"] == "RUNNING")
+
+    assert await eventually(driven), "the turn was never driven"
     seen: list[tuple[str, str, str]] = []  # (event, id, the turn's status when it came)
     async with client.stream(
         "GET",
