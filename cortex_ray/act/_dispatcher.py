@@ -269,10 +269,11 @@ class ToolDispatcher:
     ) -> list[ToolSpec]:
         """The tools this principal may use for this agent, grouped by action type.
 
-        An interactive caller sees only what both the caller and the agent may do.
+        An interactive caller sees only what both the caller and the agent may do, and, in a
+        conversation, the reply (``AccessControlService.action_names``).
         """
         specs = []
-        for name in agent.tools:
+        for name in self.access.action_names(agent, mode):
             tool = self.registry.get(name)
             if tool is None:
                 continue
