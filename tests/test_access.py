@@ -121,8 +121,10 @@ def test_an_interactive_agent_always_replies_to_its_caller(
 ) -> None:
     agent = chat_agent(("current_time",), agent_grant)
     caller = user(caller_grant)
-    decision = ACCESS.decide(agent, caller, "reply", ActionType.GROUNDING)
+    decision = ACCESS.decide(agent, caller, "reply", ActionType.GROUNDING, conversation=True)
     assert decision.allowed and "dialogue" in decision.reason
+    # Outside a session's turn (a direct call) the reply reaches nobody: an ordinary tool.
+    assert not ACCESS.decide(agent, caller, "reply", ActionType.GROUNDING).allowed
     assert ACCESS.action_names(agent, AgentMode.INTERACTIVE) == ("current_time", "reply")
     assert ACCESS.action_names(chat_agent(TOOLS, None)) == TOOLS  # listed once
     # The grants still decide every tool: the caller's lacks memory_search here.
@@ -134,12 +136,13 @@ def test_the_reply_is_never_on_another_organisations_or_agents_behalf() -> None:
     everything = Grant(tools=frozenset({"*"}))
     stranger = user(everything, org="other")
     other_agent = Principal(id="agent:x", org_id="acme", kind=PrincipalKind.AGENT, grant=everything)
-    assert (
-        "another organisation"
-        in ACCESS.decide(agent, stranger, "reply", ActionType.GROUNDING).reason
-    )
-    assert not ACCESS.decide(agent, other_agent, "reply", ActionType.GROUNDING).allowed
-    assert not ACCESS.decide(agent, None, "reply", ActionType.GROUNDING).allowed
+    for who, why in (
+        (stranger, "another organisation"),
+        (other_agent, "another agent"),
+        (None, "needs the caller"),
+    ):
+        denied = ACCESS.decide(agent, who, "reply", ActionType.GROUNDING, conversation=True)
+        assert not denied.allowed and why in denied.reason
 
 
 def test_an_autonomous_agent_replies_only_with_reply_in_its_tool_set() -> None:
@@ -147,10 +150,10 @@ def test_an_autonomous_agent_replies_only_with_reply_in_its_tool_set() -> None:
     # an ordinary tool, in the tool set and the grant or denied.
     worker = make_agent(Grant(tools=frozenset({"*"})))
     worker = worker.model_copy(update={"tools": ("current_time",)})
-    denied = ACCESS.decide(worker, None, "reply", ActionType.GROUNDING)
+    denied = ACCESS.decide(worker, None, "reply", ActionType.GROUNDING, conversation=True)
     assert not denied.allowed
     assert ACCESS.action_names(worker) == ("current_time",)
-    # A direct (interactive) call on an autonomous agent's behalf is no conversation either.
+    # An interactive call on an autonomous agent's behalf is no conversation either.
     person = user(Grant(tools=frozenset({"*"})))
     direct = ACCESS.decide(
         worker, person, "reply", ActionType.GROUNDING, mode=AgentMode.INTERACTIVE

@@ -11,8 +11,9 @@
   grant governs it: the session use cases already admitted the caller (only the session's
   own caller talks in it), and a grant (the agent's or the caller's) that lacks ``reply``,
   or an agent with no policy at all, still answers its caller; grants decide its tools.
-  It still passes the gate (schema, hooks, audit). An AUTONOMOUS run has no person to
-  reply to: there ``reply`` is an ordinary tool (its finish message is its dialogue).
+  It still passes the gate (schema, hooks, audit). Outside a conversation ``reply`` is an
+  ordinary tool: an AUTONOMOUS run has no person to reply to (its finish message is its
+  dialogue), and a direct call of ``reply`` reaches nobody.
 
 Use cases (``UseCase``: creating agents, submitting tasks, searching memory, ...) are
 decided here too, by ``authorize``: the organisation, the capability tier, and the use
@@ -54,8 +55,8 @@ class AccessDecision:
 
 
 def _converses(agent: Agent, mode: AgentMode) -> bool:
-    """A conversation: an INTERACTIVE agent called interactively (a session's turn, or a
-    direct call on its behalf), where the reply is part of the action space."""
+    """An INTERACTIVE agent called interactively: what a session's turn is, where the reply
+    is part of the action space."""
     return mode is AgentMode.INTERACTIVE and agent.mode is AgentMode.INTERACTIVE
 
 
@@ -77,9 +78,22 @@ class AccessControlService:
         action_type: ActionType,
         *,
         mode: AgentMode | None = None,
+        conversation: bool = False,
     ) -> AccessDecision:
+        """Decide one call of ``tool`` (see the module docstring).
+
+        Args:
+            agent: The agent the call acts for.
+            caller: Who asks (an interactive call's principal); ``None`` in a run.
+            tool: The tool's name.
+            action_type: The tool's CoALA category, as the classifier gives it.
+            mode: The call's mode (default: the agent's).
+            conversation: The call is part of a session's turn, where ``reply`` is the
+                dialogue every interactive agent may hold; elsewhere (a direct call, a
+                run) ``reply`` is decided like any tool.
+        """
         mode = mode or agent.mode
-        if tool == DIALOGUE and _converses(agent, mode):
+        if tool == DIALOGUE and conversation and _converses(agent, mode):
             return self._dialogue(agent, caller)
         if tool not in agent.tools:
             return AccessDecision(

@@ -269,8 +269,8 @@ class ToolDispatcher:
     ) -> list[ToolSpec]:
         """The tools this principal may use for this agent, grouped by action type.
 
-        An interactive caller sees only what both the caller and the agent may do, and, in a
-        conversation, the reply (``AccessControlService.action_names``).
+        An interactive caller sees only what both the caller and the agent may do, and the
+        reply: the action space of a conversation (``AccessControlService.action_names``).
         """
         specs = []
         for name in self.access.action_names(agent, mode):
@@ -278,7 +278,10 @@ class ToolDispatcher:
             if tool is None:
                 continue
             action_type = self.registry.classifier.classify(tool)
-            if self.access.decide(agent, caller, name, action_type, mode=mode).allowed:
+            decision = self.access.decide(
+                agent, caller, name, action_type, mode=mode, conversation=True
+            )
+            if decision.allowed:
                 specs.append(self.registry.spec(tool))
         return sorted(specs, key=lambda s: (_CATEGORY_ORDER[s.action_type], s.name))
 
@@ -561,7 +564,14 @@ class ToolDispatcher:
         if errors:
             where = "/".join(str(p) for p in errors[0].path) or "arguments"
             return refuse(f"invalid arguments: {where}: {errors[0].message}")
-        decision = self.access.decide(ctx.agent, ctx.principal, name, action_type, mode=ctx.mode)
+        decision = self.access.decide(
+            ctx.agent,
+            ctx.principal,
+            name,
+            action_type,
+            mode=ctx.mode,
+            conversation=ctx.session_id is not None,
+        )
         if not decision.allowed:
             return refuse(f"access denied: {decision.reason}")
         if workflow is not None and not workflow.allows(name, tool.connector):

@@ -135,11 +135,22 @@ async def test_the_gate_still_refuses_what_is_not_dialogue(
     assert refused.observation.summary == (
         "refused: access denied: tool 'remember_fact' is not in the tool set of agent 'd-chat'"
     )
-    # The reply's schema is checked like any call's; another agent may not speak for it.
+    # A direct call (no session) of `reply` reaches nobody: decided like any tool.
+    direct = await dispatcher.execute(ctx, "reply", {"message": "hi"})
+    assert direct.observation.summary == (
+        "refused: access denied: tool 'reply' is not in the tool set of agent 'd-chat'"
+    )
+    # In a session the reply's schema is checked like any call's; another agent may not
+    # speak for it.
+    ctx = InvocationContext(
+        agent=chat, caller=BOB, mode=AgentMode.INTERACTIVE, session_id=UUID(int=7)
+    )
     empty = await dispatcher.execute(ctx, "reply", {"message": ""})
     assert empty.observation.summary.startswith("refused: invalid arguments")
     other = Principal(id="agent:x", org_id="acme", kind=PrincipalKind.AGENT, grant=BOB.grant)
-    ctx = InvocationContext(agent=chat, caller=other, mode=AgentMode.INTERACTIVE)
+    ctx = InvocationContext(
+        agent=chat, caller=other, mode=AgentMode.INTERACTIVE, session_id=UUID(int=7)
+    )
     denied = await dispatcher.execute(ctx, "reply", {"message": "hi"})
     assert denied.observation.status is ObservationStatus.REFUSED
     assert denied.audit.decision == "denied"
