@@ -25,9 +25,7 @@ cluster (the named actors alive in the namespace) whenever it starts or restarts
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import re
 import time
 from collections import OrderedDict, deque
 from typing import Any, cast
@@ -35,16 +33,17 @@ from uuid import UUID
 
 import ray
 from ray.actor import ActorClass, ActorHandle
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from actors._exceptions import SessionError
 from actors._factory import RuntimeFactory
 from actors._metrics import install_ray_metrics
 from actors._naming import DIRECTORY_NAME, ActorKey
+from actors._run_watch import RunWatch, cause_of
 from actors._session import WARM_PREFIX, create_warm, get_or_create, placement
-from cortex_ray import NotFoundError, RunStatus, SessionPolicy, Settings
+from cortex_ray import RunStatus, SessionPolicy, Settings
 from cortex_ray.observability import metrics
-from cortex_ray.storage import Database, Store
+from cortex_ray.storage import Database, Store, TurnStore
 
 __all__ = ["SessionDirectory", "get_or_create_directory"]
 
@@ -60,7 +59,7 @@ def actor_id_of(handle: ActorHandle[Any]) -> str:
 
 
 @ray.remote
-class SessionDirectory:
+class SessionDirectory(RunWatch):
     """Supervises the session and run actors of one namespace (named ``DIRECTORY_NAME``)."""
 
     async def __init__(  # type: ignore[misc]  # Ray awaits an async constructor
@@ -74,11 +73,13 @@ class SessionDirectory:
             settings.storage.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
         )
         self._store = Store(self._db)
+        self._turns = TurnStore(self._db)
         self._sessions: OrderedDict[str, str] = OrderedDict()  # name → actor id, LRU first
         self._bound: dict[str, Bound] = {}  # session name → the actor serving it
         self._warm: deque[Bound] = deque()  # started, unbound, oldest first
         self._starting = 0  # warm actors being started
         self._watched: set[str] = set()  # actor ids whose lifetime is watched
+        self._serving: dict[str, str] = {}  # actor id → the session name it serves
         self._binding = asyncio.Lock()
         self._watchers: dict[str, asyncio.Task[RunStatus | None]] = {}
         self._evicting = asyncio.Lock()
@@ -132,6 +133,7 @@ class SessionDirectory:
                 continue
             # A session actor: named after its key, or a warm one that adopted it.
             self._bound[status["name"]] = (handle, actor_id)
+            self._serving[actor_id] = status["name"]
             sessions.append((status["idle_s"], status["name"], actor_id))
         for _, name, actor_id in sorted(sessions, reverse=True):  # most idle first = LRU
             self._sessions[name] = actor_id
@@ -186,6 +188,7 @@ class SessionDirectory:
             self._forget_actor(key.name, stale)
             chosen = self._named(key) or await self._adopt(key, policy) or self._create(key, policy)
             self._bound[key.name] = chosen
+            self._serving[chosen[1]] = key.name
         if len(self._warm) + self._starting < self._policy.warm_actors:
             self._spawn(self._fill_pool())
         return chosen
@@ -251,7 +254,7 @@ class SessionDirectory:
                 handle = create_warm(self._settings, self._factory, self._policy)
                 status: dict[str, Any] = await handle.status.remote()  # constructor done
             except RayActorError as exc:
-                log.warning("a warm actor failed to start: %s", _cause(exc))
+                log.warning("a warm actor failed to start: %s", cause_of(exc))
                 await asyncio.sleep(1.0)  # a factory that fails keeps failing: no busy loop
                 return
             finally:
@@ -265,7 +268,9 @@ class SessionDirectory:
             self._spawn(self._follow(handle, actor_id))
 
     async def _follow(self, handle: ActorHandle[Any], actor_id: str) -> None:
-        """Wait on an actor's ``lifetime``; when it leaves or dies, forget it everywhere."""
+        """Wait on an actor's ``lifetime``; when it leaves or dies, forget it everywhere; when
+        it died serving a session, have that session's turns driven again at once."""
+        died = False
         try:
             while True:
                 try:
@@ -274,9 +279,13 @@ class SessionDirectory:
                 except ActorUnavailableError:
                     await asyncio.sleep(0.5)  # restarting (a named actor): same key, same id
                 except RayActorError:
-                    break  # dead
+                    died = True
+                    break
         finally:
             self._watched.discard(actor_id)
+        serving = self._serving.pop(actor_id, None)
+        if died and serving is not None:
+            self._spawn(self._recover_turns(serving, actor_id))
         self._warm = deque(w for w in self._warm if w[1] != actor_id)
         for name, bound in list(self._bound.items()):
             if bound[1] == actor_id:
@@ -285,6 +294,44 @@ class SessionDirectory:
                     del self._sessions[name]
         if len(self._warm) + self._starting < self._policy.warm_actors:
             await self._fill_pool()
+
+    async def _recover_turns(self, name: str, dead: str) -> None:
+        """The actor serving session ``name`` died (Ray says so at once): the turns it held
+        are driven again now by its successor, which takes their leases back (they are held
+        in the session's name), instead of once they expire and the supervisor sweeps."""
+        key = ActorKey.parse(name)
+        if key is None or key.kind != "session":
+            return
+        try:
+            turn_ids = await self._turns.resumable(key.org_id, key.id, key.name)
+        except Exception as exc:  # the supervisor recovers them once their leases expire
+            log.warning("%s: its turns could not be read to recover them: %s", name, exc)
+            return
+        if not turn_ids:
+            return
+        deadline = time.monotonic() + self._policy.reactivation_timeout_s
+        stale = dead
+        while True:
+            actor_id = stale
+            try:
+                handle, actor_id = await self.acquire(key.org_id, key.id, stale)
+                for turn_id in turn_ids:
+                    await asyncio.wait_for(
+                        handle.recover_turn.remote(turn_id),
+                        timeout=self._policy.directory_call_timeout_s,
+                    )
+            except Exception as exc:  # restarting, leaving, slow: ask again, for a while
+                if time.monotonic() > deadline:
+                    log.warning("%s: its turns were left to the supervisor: %s", name, exc)
+                    return
+                stale = actor_id
+                await asyncio.sleep(0.2)
+                continue
+            log.info(
+                "%s: its actor %s died; %d turn(s) driven again at once by %s",
+                name, dead, len(turn_ids), actor_id,
+            )  # fmt: skip
+            return
 
     async def live_sessions(self) -> list[str]:
         """Names of the live session actors, least recently used first."""
@@ -324,104 +371,6 @@ class SessionDirectory:
                 return True
         return False
 
-    # runs ---------------------------------------------------------------------------------
-
-    async def drive_run(self, org_id: str, run_id: UUID) -> None:
-        """Make sure the run is being driven (creates its actor); returns at once."""
-        self._watch(ActorKey.run(org_id, run_id))
-
-    async def wait_run(self, org_id: str, run_id: UUID) -> RunStatus:
-        """The run's status once its watcher stops: terminal (FAILED when it gave up), or
-        RUNNING when not even the failure could be recorded."""
-        key = ActorKey.run(org_id, run_id)
-        watcher = self._watch(key)
-        status = await asyncio.shield(watcher)
-        if status is None:
-            return (await self._store.get_run(org_id, run_id)).status
-        return status
-
-    async def watched_runs(self) -> list[str]:
-        return [name for name, task in self._watchers.items() if not task.done()]
-
-    def _watch(self, key: ActorKey) -> asyncio.Task[RunStatus | None]:
-        watcher = self._watchers.get(key.name)
-        if watcher is None or watcher.done():
-            watcher = asyncio.create_task(self._watch_run(key), name=f"watch {key.name}")
-            self._watchers[key.name] = watcher
-            watcher.add_done_callback(functools.partial(self._forget, key.name))
-        return watcher
-
-    def _forget(self, name: str, task: asyncio.Task[Any]) -> None:
-        if self._watchers.get(name) is task:
-            del self._watchers[name]
-
-    async def _watch_run(self, key: ActorKey) -> RunStatus | None:
-        failures = 0  # attempts in a row that ended in an error (constructor or drive)
-        losses = 0  # actors in a row that died without the run recording a step
-        steps_seen = -1
-        last_error = "none"
-        while True:
-            try:
-                run = await self._store.get_run(key.org_id, key.id)
-            except NotFoundError:
-                log.warning("%s: no such run; not driving it", key.name)
-                return None
-            if run.status is not RunStatus.RUNNING:
-                return run.status
-            if len(run.steps) != steps_seen:  # progress: earlier errors were not in a row
-                steps_seen, failures, losses = len(run.steps), 0, 0
-            if failures > self._policy.run_retry_limit:
-                reason = (
-                    f"gave up after {failures} failed attempts in a row to drive the run "
-                    f"(last: {last_error})"
-                )
-                log.error("%s: %s", key.name, reason)
-                try:
-                    await self._store.fail_run(key.org_id, key.id, reason)
-                except Exception:
-                    log.exception("%s: recording the failure failed; it stays RUNNING", key.name)
-                    return None
-                continue  # the next look at PostgreSQL sees it terminal
-            # Get-or-create: a live (or restarting) actor is reused, a dead one replaced.
-            handle = get_or_create(key, self._settings, self._factory, self._policy)
-            try:
-                status: RunStatus = await handle.wait.remote()
-                if status is RunStatus.RUNNING:
-                    # Another driver holds the run's lease (``runs resume``, another
-                    # process): it drives it; if it stops, the supervisor hands it back.
-                    log.info("%s: driven elsewhere; not watched here", key.name)
-                    return status
-                continue  # terminal: the next look at PostgreSQL says so
-            except ActorUnavailableError:
-                # Restarting after a crash (Ray re-runs the constructor, which resumes the
-                # run); calls fail fast until it is back, so poll at a steady pace.
-                await asyncio.sleep(0.1)
-                continue
-            except ActorDiedError as exc:
-                if not exc.actor_init_failed:
-                    # Killed for good, or exited: a new actor (same name) resumes the run.
-                    # Dying again and again without progress is slowed, not given up on.
-                    log.info("%s: actor died; resuming in a new one", key.name)
-                    losses += 1
-                    if losses > 1:
-                        await asyncio.sleep(min(2.0, 0.05 * 2**losses))
-                    continue
-                failures += 1  # the constructor failed (database, factory)
-                last_error = f"the actor failed to start: {_cause(exc)}"
-                log.warning("%s: actor failed to start: %s", key.name, exc)
-                # Its worker lingers until what it started has drained (a Serve handle's
-                # long polls: 30-60 s) and keeps the name meanwhile, so the next attempt
-                # would wait for it: end it now.
-                try:
-                    ray.kill(handle, no_restart=True)
-                except Exception as kill_error:  # gone already: nothing to end
-                    log.debug("%s: %s", key.name, kill_error)
-            except Exception as exc:
-                failures += 1  # the drive itself raised (model or database error)
-                last_error = _cause(exc)
-                log.warning("%s: drive failed (%d in a row): %s", key.name, failures, exc)
-            await asyncio.sleep(min(self._policy.run_retry_backoff_max_s, 0.25 * 2**failures))
-
     # housekeeping -------------------------------------------------------------------------
 
     async def ping(self) -> float:
@@ -431,18 +380,6 @@ class SessionDirectory:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-_RAISED = re.compile(r"^\s*[\w.]*(Error|Exception)\b[^:]*: .+")
-
-
-def _cause(exc: BaseException) -> str:
-    """The line that says what went wrong: Ray wraps an actor's exception in its traceback,
-    whose last ``SomeError: message`` line is the original error."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    raised = [line for line in lines if _RAISED.match(line)]
-    line = raised[-1] if raised else (lines[0] if lines else type(exc).__name__)
-    return line[:300]
 
 
 def get_or_create_directory(

@@ -29,27 +29,24 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import ray
 from ray.actor import ActorClass, ActorHandle
 from ray.exceptions import RayError
 
-from actors._exceptions import SessionBusyError, _SessionPassivating
+from actors._exceptions import _SessionPassivating
 from actors._factory import RuntimeFactory
 from actors._metrics import install_ray_metrics
 from actors._naming import DIRECTORY_NAME, ActorKey
+from actors._session_turns import TurnServing
 from cortex_ray import (
     MemoryRecord,
-    Principal,
     RunStatus,
     Runtime,
     SessionPolicy,
     Settings,
-    TurnEvent,
     TurnResult,
-    events_until,
 )
 from cortex_ray.observability import metrics
 
@@ -124,7 +121,7 @@ def _release_free_heap() -> None:
 
 
 @ray.remote
-class AgentSession:
+class AgentSession(TurnServing):
     """The actor for one :class:`~actors.ActorKey` (a run or a session), or a warm one
     (``key=None``) waiting to adopt a session."""
 
@@ -162,6 +159,10 @@ class AgentSession:
         else:
             self._idle = asyncio.create_task(self._idle_watch(), name=f"idle {key.name}")
             self._tell_directory("register", key.name, self._actor_id)
+            if ray.get_runtime_context().was_current_actor_reconstructed:
+                # Restarted by Ray after a crash: the turns it held are driven again now
+                # (their leases are in this name), not once they expire.
+                self._spawn(self._recover_held_turns(key))
 
     def __repr__(self) -> str:
         """What Ray's dashboard shows as the actor's ``repr_name`` (and ``ray list actors
@@ -243,95 +244,6 @@ class AgentSession:
         return await asyncio.shield(self._drive)
 
     # sessions -----------------------------------------------------------------------------
-
-    async def turn(
-        self, caller: Principal, message: str, turn_id: uuid.UUID | None = None
-    ) -> AsyncIterator[TurnEvent | TurnResult]:
-        """One turn, streamed: its events as they happen, then its ``TurnResult`` last.
-
-        ``turn_id`` names a turn the API accepted (``Runtime.accept_turn``, which bounds the
-        queue); without one the turn is accepted here, and refused busy beyond
-        ``max_pending_turns``. Turns run one at a time in the order they were accepted,
-        under a lease owned by this actor's key name. The turn runs to its end even if the
-        caller stops listening (it is then in the history, and its events in its row)."""
-        key = self._bound
-        if self._closing:
-            raise _SessionPassivating(key.name)
-        running = None if turn_id is None else self._turns.get(turn_id)
-        if running is None or running.done():
-            if turn_id is None and self._pending >= self._policy.max_pending_turns:
-                metrics.record(metrics.TURNS_REJECTED, org=key.org_id, reason="busy")
-                raise SessionBusyError(
-                    f"session {key.id} already has {self._pending} turn(s) running or "
-                    f"queued (limit {self._policy.max_pending_turns}); try again when it answers"
-                )
-            events: asyncio.Queue[TurnEvent] = asyncio.Queue()
-            running = self._start_turn(
-                turn_id, self._run_turn(caller, message, turn_id, events.put_nowait)
-            )
-            async for event in events_until(running, events):
-                yield event
-        # Already driven here (recovered before its caller came back): only its result.
-        yield await asyncio.shield(running)
-
-    async def recover_turn(self, turn_id: uuid.UUID) -> None:
-        """Drive an accepted turn again whose driver went away (``Runtime.recover_turn``);
-        returns at once. A turn already in flight here is left alone."""
-        key = self._bound
-        if self._closing:
-            raise _SessionPassivating(key.name)
-        running = self._turns.get(turn_id)
-        if running is None or running.done():
-            self._start_turn(
-                turn_id, self._runtime.recover_turn(key.org_id, key.id, turn_id, owner=key.name)
-            )
-
-    def _start_turn(self, turn_id: uuid.UUID | None, coro: Any) -> asyncio.Task[TurnResult]:
-        """Run a turn as a task this actor holds (it outlives the call that started it)."""
-        key = self._bound
-        self._pending += 1
-        self._last_used = time.monotonic()
-        running: asyncio.Task[TurnResult] = asyncio.create_task(coro)
-        self._background.add(running)
-        if turn_id is not None:
-            self._turns[turn_id] = running
-
-        def done(task: asyncio.Task[TurnResult]) -> None:
-            self._background.discard(task)
-            if turn_id is not None and self._turns.get(turn_id) is task:
-                del self._turns[turn_id]
-            self._pending -= 1
-            self._last_used = time.monotonic()
-            self._tell_directory("touch", key.name, self._actor_id)
-            if not task.cancelled() and (error := task.exception()) is not None:
-                log.debug("%s: turn %s ended with %r", key.name, turn_id, error)
-
-        running.add_done_callback(done)
-        return running
-
-    async def _run_turn(
-        self,
-        caller: Principal,
-        message: str,
-        turn_id: uuid.UUID | None,
-        on_event: Callable[[TurnEvent], None],
-    ) -> TurnResult:
-        key = self._bound
-        if turn_id is None:
-            # Accepted in arrival order (the lock is FIFO); the ordinals then order the turns.
-            async with self._lock:
-                accepted = await self._runtime.turns.accept(key.org_id, key.id, caller.id, message)
-            turn_id = accepted.id
-        if self._reactivation is None:
-            # This actor's first turn: a session that had turns before came back to life.
-            turn = await self._runtime.turns.get(key.org_id, key.id, turn_id)
-            self._reactivation = turn.ordinal > 0
-            if self._reactivation:
-                metrics.record(metrics.SESSION_REACTIVATIONS, namespace=self._policy.namespace)
-        session = await self._runtime.store.get_session(key.org_id, key.id)
-        return await self._runtime.run_turn(
-            session, caller, message, turn_id=turn_id, owner=key.name, on_event=on_event
-        )
 
     async def end(self) -> list[MemoryRecord]:
         """End the session (the extraction pass runs), then passivate."""

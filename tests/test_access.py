@@ -99,3 +99,71 @@ def test_another_agent_cannot_drive_this_agent_interactively() -> None:
         id="agent:x", org_id="acme", kind=PrincipalKind.AGENT, grant=Grant(tools=frozenset({"*"}))
     )
     assert not ACCESS.decide(agent, other, "current_time", ActionType.GROUNDING).allowed
+
+
+# dialogue: the reply is part of every interactive agent's action space -------------------
+
+
+def chat_agent(tools: tuple[str, ...], grant: Grant | None) -> Agent:
+    return Agent(org_id="acme", name="d-chat", mode=AgentMode.INTERACTIVE, tools=tools, grant=grant)
+
+
+@pytest.mark.parametrize(
+    ("agent_grant", "caller_grant"),
+    [
+        (Grant(tools=frozenset({"current_time"})), Grant(tools=frozenset({"current_time"}))),
+        (None, Grant(tools=frozenset({"*"}))),  # no policy: no tool, but it still answers
+        (Grant(tools=frozenset({"*"})), None),  # a key without a grant: answered too
+    ],
+)
+def test_an_interactive_agent_always_replies_to_its_caller(
+    agent_grant: Grant | None, caller_grant: Grant | None
+) -> None:
+    agent = chat_agent(("current_time",), agent_grant)
+    caller = user(caller_grant)
+    decision = ACCESS.decide(agent, caller, "reply", ActionType.GROUNDING, conversation=True)
+    assert decision.allowed and "dialogue" in decision.reason
+    # Outside a session's turn (a direct call) the reply reaches nobody: an ordinary tool.
+    assert not ACCESS.decide(agent, caller, "reply", ActionType.GROUNDING).allowed
+    assert ACCESS.action_names(agent, AgentMode.INTERACTIVE) == ("current_time", "reply")
+    assert ACCESS.action_names(chat_agent(TOOLS, None)) == TOOLS  # listed once
+    # The grants still decide every tool: the caller's lacks memory_search here.
+    assert not ACCESS.decide(agent, caller, "memory_search", ActionType.RETRIEVAL).allowed
+
+
+def test_the_reply_is_never_on_another_organisations_or_agents_behalf() -> None:
+    agent = chat_agent(("current_time",), Grant(tools=frozenset({"*"})))
+    everything = Grant(tools=frozenset({"*"}))
+    stranger = user(everything, org="other")
+    other_agent = Principal(id="agent:x", org_id="acme", kind=PrincipalKind.AGENT, grant=everything)
+    for who, why in (
+        (stranger, "another organisation"),
+        (other_agent, "another agent"),
+        (None, "needs the caller"),
+    ):
+        denied = ACCESS.decide(agent, who, "reply", ActionType.GROUNDING, conversation=True)
+        assert not denied.allowed and why in denied.reason
+
+
+def test_an_autonomous_agent_replies_only_with_reply_in_its_tool_set() -> None:
+    # A run has no person to reply to (its finish message is its dialogue): there `reply` is
+    # an ordinary tool, in the tool set and the grant or denied.
+    worker = make_agent(Grant(tools=frozenset({"*"})))
+    worker = worker.model_copy(update={"tools": ("current_time",)})
+    denied = ACCESS.decide(worker, None, "reply", ActionType.GROUNDING, conversation=True)
+    assert not denied.allowed
+    assert ACCESS.action_names(worker) == ("current_time",)
+    # An interactive call on an autonomous agent's behalf is no conversation either.
+    person = user(Grant(tools=frozenset({"*"})))
+    direct = ACCESS.decide(
+        worker, person, "reply", ActionType.GROUNDING, mode=AgentMode.INTERACTIVE
+    )
+    assert not direct.allowed
+
+
+def test_a_refusal_names_the_tool_and_the_agent_with_single_quotes() -> None:
+    agent = chat_agent(("current_time",), Grant(tools=frozenset({"*"})))
+    person = user(Grant(tools=frozenset({"*"})))
+    denied = ACCESS.decide(agent, person, "remember_fact", ActionType.LEARNING)
+    assert denied.reason == "tool 'remember_fact' is not in the tool set of agent 'd-chat'"
+    assert "''" not in denied.reason

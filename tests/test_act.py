@@ -204,6 +204,7 @@ def test_interactive_caller_sees_only_the_intersection(dispatcher) -> None:
     )
     caller = Principal(id="u", org_id="acme", grant=Grant(tools=frozenset({"echo", "boom"})))
     names = [s.name for s in dispatcher.action_space(agent, caller, AgentMode.INTERACTIVE)]
-    assert names == ["echo"]
+    # The intersection, and the reply: dialogue needs neither the tool set nor a grant.
+    assert names == ["echo", "reply"]
     autonomous = [s.name for s in dispatcher.action_space(agent, None, AgentMode.AUTONOMOUS)]
     assert autonomous == ["big", "current_time", "echo"]  # grouped: RETRIEVAL before GROUNDING

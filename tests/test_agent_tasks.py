@@ -87,7 +87,9 @@ def test_the_suite_runs_through_the_real_cycle(tmp_path: Path) -> None:
             "--model",
             TEST_MODEL_NAME,
             "--tasks",
-            "arithmetic,knowledge,chat_calc",
+            # one autonomous and one interactive task: the knowledge task adds 3-4 steps of
+            # the test model (100-460 s measured) and no path the other two do not take
+            "arithmetic,chat_calc",
             "--variants",
             "first",
             "--quiet",
@@ -109,7 +111,7 @@ def test_the_suite_runs_through_the_real_cycle(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
-    assert [r["task"] for r in results] == ["arithmetic", "knowledge", "chat_calc"]
+    assert [r["task"] for r in results] == ["arithmetic", "chat_calc"]
     for r in results:
         assert r["variant"] == "first" and r["steps"] >= 1 and r["seconds"] > 0
         assert r["ok"] == (r["why"] is None)

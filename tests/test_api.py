@@ -512,6 +512,45 @@ async def test_session_messages_stream_tool_observations_then_the_reply(
     assert again["facts"] == [] and again["session"]["status"] == "ENDED"
 
 
+async def test_an_agent_with_only_current_time_answers_every_caller(
+    client: httpx2.AsyncClient, tenant: Tenant, store: Store
+) -> None:
+    """Issue 30, point 3: dialogue is part of every interactive agent's action space, so an
+    agent created with ``"tools": ["current_time"]`` answers; and a caller whose grant lacks
+    ``reply`` (bob: ``current_time`` only) is answered too (the conversation admits him)."""
+    chat = await create_agent(client, tenant, "d-chat", tools=["current_time"])
+    assert chat["tools"] == ["current_time"]
+    assert chat["grant"] == {"tools": ["current_time"], "actionTypes": []}
+    org = tenant.org
+    for key, who in ((tenant.limited, "bob"), (tenant.user, "ada")):
+        auth = tenant.auth(key)
+        listed = await client.get(
+            f"/api/orgs/{org}/tools", headers=auth, params={"agentId": "d-chat"}
+        )
+        assert [t["name"] for t in listed.json()["tools"]] == ["current_time", "reply"]
+        r = await client.post(
+            f"/api/orgs/{org}/sessions", headers=auth, json={"agentId": chat["id"]}
+        )
+        assert r.status_code == 201, r.text
+        base = f"/api/orgs/{org}/sessions/{r.json()['id']}"
+        events = await sse_events(client, f"{base}/messages", auth, "what time is it?")
+        names = [name for name, _ in events]
+        assert names == ["started", "tool_call", "observation", "reply", "done"], events
+        assert events[2][1]["status"] == "OK"
+        assert events[3][1] == {"message": "You said: what time is it?"}
+        assert events[4][1]["refused"] is None
+        history = (await client.get(f"{base}/messages", headers=auth)).json()["messages"]
+        assert history[-1]["role"] == "assistant"
+        assert history[-1]["content"] == "You said: what time is it?"
+        assert history[-1]["turnStatus"] == "DONE", history[-1]
+        rows = [
+            (a["tool"], a["decision"], a["principal_id"])
+            for a in await store.audit_rows(org, gate_only=True)
+            if a["session_id"] == uuid.UUID(base.rsplit("/", 1)[1])
+        ]
+        assert rows == [("current_time", "allowed", who), ("reply", "allowed", who)]
+
+
 async def test_the_app_drives_runs_and_turns_through_session_actors(
     ray_cluster: Any, replica_settings: Settings, store: Store, org: str
 ) -> None:
@@ -671,7 +710,8 @@ async def test_direct_tool_calls_and_memory_go_through_the_gate(
         await client.get(f"{base}/agents/memo/memory", headers=bob, params={"query": "sky"}), 403
     )
     tools = (await client.get(f"{base}/tools", headers=bob, params={"agentId": "memo"})).json()
-    assert [t["name"] for t in tools["tools"]] == ["current_time"]
+    # His grant and the agent's intersect in current_time; the reply is the conversation's.
+    assert [t["name"] for t in tools["tools"]] == ["current_time", "reply"]
     everything = (await client.get(f"{base}/tools", headers=bob)).json()["tools"]
     assert {"current_time", "memory_search", "remember_fact"} <= {t["name"] for t in everything}
 

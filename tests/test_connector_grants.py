@@ -22,7 +22,7 @@ from cortex_ray import (
 from cortex_ray._types import utcnow
 from cortex_ray.access import AccessControlService
 from cortex_ray.act import InvocationContext, Tool, ToolContext, ToolDispatcher, ToolRegistry
-from cortex_ray.act._dispatcher import args_sha256
+from cortex_ray.act._calls import args_sha256
 from cortex_ray.governance import (
     ApprovalPolicy,
     Connector,

@@ -27,6 +27,7 @@ from cortex_ray import (
     ProposalStatus,
     RunStatus,
     Runtime,
+    SessionStatus,
     Settings,
     Step,
 )
@@ -490,6 +491,48 @@ async def test_session_end_extracts_facts_with_supersession(make_runtime, org) -
     mallory = Principal(id="mallory", org_id=org, grant=Grant(tools=frozenset({"*"})))
     with pytest.raises(AccessDeniedError, match="own caller"):
         await runtime.run_turn(session2, mallory, "let me in")
+
+
+async def test_a_session_end_retried_after_a_crash_stores_each_fact_once(
+    make_runtime, db, org, monkeypatch
+) -> None:
+    """Issue 30, point 7: the facts commit, then the process dies before the session is
+    marked ENDED; the retried end finds them (no second model call), ends the session and
+    answers with the same facts: one copy of each."""
+    facts = {"facts": [{"subject": "Alice favourite colour", "fact": "Alice likes blue"}]}
+    model = chat_script("Nice to meet you, Alice.", json.dumps(facts))
+    runtime = await make_runtime(model)
+    agent = await runtime.create_agent(org, "listener", tools=["current_time"])
+    alice = person(org, {"current_time"})
+    session = await runtime.open_session(org, agent.id, alice)
+    result = await runtime.run_turn(session, alice, "I'm Alice and my favourite colour is blue.")
+    assert result.reply == "Nice to meet you, Alice."  # answered: `reply` is dialogue
+
+    async def crash(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("the process died here")
+
+    monkeypatch.setattr(runtime.store, "end_session", crash)
+    with pytest.raises(ConnectionError):
+        await runtime.end_session(session)
+    monkeypatch.undo()
+    assert (await runtime.store.get_session(org, session.id)).status is SessionStatus.OPEN
+    model.push(json.dumps({"facts": [{"subject": "colour", "fact": "blue, says Alice"}]}))
+    asked = len(model.requests)
+    again = await runtime.end_session(session)
+    assert len(model.requests) == asked  # the retry did not ask the model again
+    assert [(f.subject, f.content) for f in again] == [
+        ("alice favourite colour", "Alice likes blue")
+    ]
+    assert (await runtime.store.get_session(org, session.id)).status is SessionStatus.ENDED
+    assert await runtime.end_session(session) == []  # ended: nothing more
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT subject, content, idempotency_key FROM memories "
+            "WHERE org_id = %s AND session_id = %s AND kind = 'SEMANTIC'",
+            (org, session.id),
+        )
+        rows = [(r["subject"], r["content"], r["idempotency_key"]) for r in await cur.fetchall()]
+    assert rows == [("alice favourite colour", "Alice likes blue", f"session-end:{session.id}:0")]
 
 
 async def test_procedural_edits_wait_for_a_person(make_runtime, org) -> None:

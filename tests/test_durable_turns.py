@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import socket
 import sys
 import time
@@ -29,7 +31,7 @@ import pytest
 ray = pytest.importorskip("ray")
 uvicorn = pytest.importorskip("uvicorn")
 
-from actors import SessionManager, SessionPolicy  # noqa: E402
+from actors import SessionManager, SessionPolicy, SessionUnavailableError  # noqa: E402
 from cortex_ray import (  # noqa: E402
     Grant,
     InProcessExecutor,
@@ -76,10 +78,14 @@ def respond(request: ChatRequest) -> str | ChatResponse:
 
 async def paced(request: ChatRequest) -> str | ChatResponse:
     """``respond``; a message saying "slow" takes a second to reply after its tool round, so
-    the client can go away while the turn still runs."""
+    the client can go away while the turn still runs ("linger": four seconds)."""
     users = [m.content or "" for m in request.messages if m.role == "user"]
-    if users and users[-1].startswith("Progress so far") and "slow" in "\n".join(users):
-        await asyncio.sleep(1.0)
+    if users and users[-1].startswith("Progress so far"):
+        said = "\n".join(users)
+        if "linger" in said:
+            await asyncio.sleep(4.0)
+        elif "slow" in said:
+            await asyncio.sleep(1.0)
     return respond(request)
 
 
@@ -188,7 +194,14 @@ async def stack(
 ) -> AsyncIterator[Stack]:
     """The API on uvicorn (real sockets, so a client can really go away) in front of session
     actors; the test process's runtime shares the test database."""
-    app_settings = settings.model_copy(update={"database_url": db.dsn})
+    # A reconnect follows a turn until it is quiet this long (its tool rounds here are
+    # at most four seconds apart). The supervisor of this API leaves alone the turns other
+    # tests' managers drive (an actor may take over ten seconds to start on a busy
+    # machine): only turns accepted long ago are orphans to it.
+    sessions = settings.sessions.model_copy(
+        update={"turn_replay_wait_s": 10.0, "turn_orphan_grace_s": 600.0}
+    )
+    app_settings = settings.model_copy(update={"database_url": db.dsn, "sessions": sessions})
     runtime = await DurableRuntime().open(app_settings, db=db)
     policy = SessionPolicy(namespace=f"test-durable-{uuid.uuid4().hex[:8]}", warm_actors=1)
     manager = SessionManager.for_runtime(runtime, factory=DurableRuntime(), policy=policy)
@@ -372,6 +385,77 @@ async def test_a_reconnecting_client_reads_exactly_what_it_missed(
     assert r.status_code == 403
 
 
+async def test_a_reconnect_follows_a_running_turn_live(
+    stack: Stack, client: httpx2.AsyncClient, org: str
+) -> None:
+    base, headers = await new_session(stack.runtime, client, org)
+    message = "effect linger live"
+    async with client.stream(
+        "POST", f"{base}/messages", headers=headers, json={"message": message}
+    ) as r:
+        started = await anext(httpx2.EventSource(r).__aiter__())
+        turn_id = started.json()["turnId"]
+    # Gone right after `started`; back once the turn is driven (an actor may take a few
+    # seconds to start on a busy machine): the reconnect follows the turn as it runs.
+
+    async def driven() -> bool:
+        turn = (await client.get(f"{base}/turns/{turn_id}", headers=headers)).json()
+        return bool(turn["status"] == "RUNNING")
+
+    assert await eventually(driven), "the turn was never driven"
+    seen: list[tuple[str, str, str]] = []  # (event, id, the turn's status when it came)
+    async with client.stream(
+        "GET",
+        f"{base}/turns/{turn_id}/events",
+        headers={**headers, "Last-Event-ID": f"{turn_id}:0"},
+    ) as r:
+        assert r.status_code == 200
+        async for event in httpx2.EventSource(r):
+            status = (await client.get(f"{base}/turns/{turn_id}", headers=headers)).json()
+            seen.append((event.event, event.id, status["status"]))
+    assert [(name, i) for name, i, _ in seen] == [
+        ("tool_call", f"{turn_id}:1"),
+        ("observation", f"{turn_id}:2"),
+        ("reply", f"{turn_id}:3"),
+        ("done", f"{turn_id}:4"),
+    ]
+    # The tool round came while the turn still ran (its reply is four seconds later).
+    assert [status for _, _, status in seen[:2]] == ["RUNNING", "RUNNING"]
+    turn = (await client.get(f"{base}/turns/{turn_id}", headers=headers)).json()
+    assert turn["status"] == "DONE" and turn["reply"] == f"done: {message}"
+    assert turn["lastEventId"] == f"{turn_id}:4" and turn["attempts"] == 1
+    # What was followed is what is stored: a replay from the start gives the same ids.
+    replay = await all_events(client, "GET", f"{base}/turns/{turn_id}/events", headers)
+    assert [i for _, i, _ in replay] == [f"{turn_id}:{seq}" for seq in range(5)]
+
+
+async def test_a_quiet_turn_ends_the_follow_with_pending(
+    stack: Stack, client: httpx2.AsyncClient, org: str
+) -> None:
+    """A turn whose driver says nothing (a live lease held elsewhere): no event for
+    ``turn_replay_wait_s``, so the stream ends with its status; the client reconnects."""
+    runtime = stack.runtime
+    agent = await runtime.create_agent(org, f"quiet-{uuid.uuid4().hex[:6]}", tools=TOOLS)
+    ada = Principal(id="ada", org_id=org, name="ada", grant=Grant(tools=frozenset({"*"})))
+    session = await runtime.open_session(org, agent.id, ada)
+    turn = await runtime.accept_turn(org, session.id, "effect held elsewhere", principal=ada)
+    async with runtime.db.transaction() as conn:
+        await conn.execute(
+            "UPDATE session_turns SET status = 'RUNNING', attempts = 1, lease_token = 1, "
+            "lease_owner = 'elsewhere', lease_expires_at = now() + interval '1 hour' "
+            "WHERE org_id = %s AND id = %s",
+            (org, turn.id),
+        )
+    headers = await ada_key(runtime, org)
+    url = f"/api/orgs/{org}/sessions/{session.id}/turns/{turn.id}/events"
+    wait = runtime.settings.sessions.turn_replay_wait_s
+    began = time.monotonic()
+    events = await all_events(client, "GET", url, {**headers, "Last-Event-ID": f"{turn.id}:0"})
+    assert time.monotonic() - began >= wait
+    assert [n for n, _, _ in events] == ["pending"]
+    assert events[0][2]["status"] == "RUNNING"
+
+
 # in-process: the pending bound, pending turns in the history, ordinal order --------------------
 
 
@@ -509,6 +593,80 @@ async def test_an_orphaned_turn_is_recovered_once_its_effect_applied_once(
     again = await runtime.recover_turn(org, session.id, turn.id)
     assert again.reply == ended.reply
     assert len(await runtime.conversation(org, session.id)) == 3
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
+async def test_a_turn_whose_actor_dies_is_driven_again_at_once(
+    ray_cluster: Any, settings: Settings, db: Database, effect_tables: None, org: str, how: str
+) -> None:
+    """The session actor dies mid-turn (``ray.kill``: gone for good; SIGKILL of its process:
+    Ray restarts it): the turn is driven again at once, by its successor, not after its
+    lease expires: the lease here lasts ten minutes, the test waits at most a minute."""
+    ttl = 600.0
+    sessions = settings.sessions.model_copy(update={"turn_lease_ttl_s": ttl})
+    app_settings = settings.model_copy(update={"database_url": db.dsn, "sessions": sessions})
+    runtime = await DurableRuntime().open(app_settings, db=db)
+    # warm_actors=0: the session gets an actor named after it, which Ray restarts after a
+    # SIGKILL (an adopted warm actor is replaced instead, as after ray.kill).
+    policy = sessions.model_copy(
+        update={"namespace": f"test-crash-{uuid.uuid4().hex[:8]}", "warm_actors": 0}
+    )
+    manager = SessionManager.for_runtime(runtime, factory=DurableRuntime(), policy=policy)
+    try:
+        agent = await runtime.create_agent(org, f"crash-{uuid.uuid4().hex[:6]}", tools=TOOLS)
+        ada = Principal(id="ada", org_id=org, name="ada", grant=Grant(tools=frozenset({"*"})))
+        session = await runtime.open_session(org, agent.id, ada)
+        message = f"effect linger until {how}"
+        turn = await runtime.accept_turn(org, session.id, message, principal=ada)
+        heard: list[str] = []
+        first = asyncio.create_task(
+            manager.turn(
+                org, session.id, ada, message, turn_id=turn.id,
+                on_event=lambda e: heard.append(e.kind.value),
+            )
+        )  # fmt: skip
+
+        async def applied() -> bool:
+            return (await effect_rows(db, f"turn:{turn.id}:0"))[0] > 0
+
+        assert await eventually(applied, 90), "the turn's tool round did not run"
+        assert await effect_rows(db, f"turn:{turn.id}:0") == (1, 1)
+        running = await runtime.turns.get(org, session.id, turn.id)
+        assert running.status is TurnStatus.RUNNING and running.attempts == 1
+        assert running.lease_expires_at is not None
+        actor = await manager.session_actor(org, session.id)
+        assert actor is not None
+        killed_at = time.monotonic()
+        if how == "ray.kill":
+            ray.kill(actor)
+        else:
+            os.kill(await actor.pid.remote(), signal.SIGKILL)
+        with pytest.raises(SessionUnavailableError):
+            await first  # the first driver's caller hears that it died
+        assert heard[:2] == ["tool_call", "observation"]
+
+        ended = await runtime.wait_turn(org, session.id, turn.id, 60)
+        took = time.monotonic() - killed_at
+        assert ended.status is TurnStatus.DONE, ended
+        assert ended.reply == f"done: {message}" and ended.attempts == 2
+        # Driven again because the actor died, not because the lease expired: well before.
+        assert took < 60 < ttl
+        assert ended.finished_at is not None and ended.finished_at < running.lease_expires_at
+        # The second attempt's events, stored; its tool call made again with the same key,
+        # the effect applied once.
+        assert [e.event.kind.value for e in ended.events] == ["tool_call", "observation", "reply"]
+        assert [e.seq for e in ended.events] == [1, 2, 3]
+        assert await effect_rows(db, f"turn:{turn.id}:0") == (2, 1)
+        history = await runtime.conversation(org, session.id)
+        assert [(m.role, m.turn_status) for m in history] == [
+            ("user", TurnStatus.DONE),
+            ("tool", TurnStatus.DONE),
+            ("assistant", TurnStatus.DONE),
+        ]
+    finally:
+        with contextlib.suppress(Exception):
+            ray.kill(manager.directory())
+        await runtime.close(close_db=False)
 
 
 async def test_a_turn_past_its_attempts_ends_failed_with_the_reason(

@@ -570,6 +570,89 @@ async def test_extraction_writes_facts_that_supersede(db, store, settings, org) 
     assert [f.content for f in current] == ["Alice now loves green.", "The deadline is Friday."]
 
 
+async def extraction_rows(db: Database, org: str, session_id: UUID) -> list[tuple[Any, ...]]:
+    """What a session's extraction stored: (subject, content, key, superseded?) by key."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT subject, content, idempotency_key, superseded_at IS NOT NULL AS gone "
+            "FROM memories WHERE org_id = %s AND session_id = %s ORDER BY idempotency_key",
+            (org, session_id),
+        )
+        return [
+            (r["subject"], r["content"], r["idempotency_key"], r["gone"])
+            for r in await cur.fetchall()
+        ]
+
+
+async def test_a_retried_extraction_leaves_one_copy(db, store, settings, org) -> None:
+    """Issue 30, point 7: a second pass for a session (a retried end after a crash, or a
+    second end) finds the first pass's facts: the model is not asked, nothing is written."""
+    agent = await new_agent(store, org)
+    memory = service(db, settings)
+    chat = [Turn(role="user", content="I'm Alice, I love blue. The deadline is Friday.")]
+    session = uuid.uuid4()
+    args = {"org_id": org, "agent_id": agent, "session_id": session, "conversation": chat}
+    first_model = ScriptedModelClient(
+        [facts_reply(("favourite colour", "Alice loves blue."), ("deadline", "Friday."))]
+    )
+    first = await memory.extract_facts(model=first_model, **args)
+    # The retry's model would answer differently (another subject, another wording).
+    retry_model = ScriptedModelClient(
+        [facts_reply(("colour", "Alice likes blue."), ("deadline", "It is Friday."))]
+    )
+    again = await memory.extract_facts(model=retry_model, **args)
+    assert again == first and len(retry_model.requests) == 0
+    expected = [
+        ("favourite colour", "Alice loves blue.", f"session-end:{session}:0", False),
+        ("deadline", "Friday.", f"session-end:{session}:1", False),
+    ]
+    assert await extraction_rows(db, org, session) == expected
+    current = await memory.facts(org_id=org, agent_id=agent)
+    assert [(f.subject, f.content) for f in current] == [
+        ("deadline", "Friday."), ("favourite colour", "Alice loves blue.")
+    ]  # fmt: skip
+    # Another session's extraction is its own: same subjects supersede, as before.
+    other = uuid.uuid4()
+    newer = ScriptedModelClient([facts_reply(("deadline", "Monday now."))])
+    await memory.extract_facts(model=newer, **{**args, "session_id": other})
+    assert await extraction_rows(db, org, other) == [
+        ("deadline", "Monday now.", f"session-end:{other}:0", False)
+    ]
+    assert [r[3] for r in await extraction_rows(db, org, session)] == [False, True]
+
+
+async def test_two_extractions_at_once_write_one_set(db, store, settings, org) -> None:
+    """Two ends of one session at once (two replicas): both ask the model, one writes, and
+    the other returns what it wrote (under the extraction's lock)."""
+    agent = await new_agent(store, org)
+    memory = service(db, settings)
+    chat = [Turn(role="user", content="Call me Al. I live in Oslo.")]
+    session = uuid.uuid4()
+    args = {"org_id": org, "agent_id": agent, "session_id": session, "conversation": chat}
+    asked = asyncio.Event()
+    waiting = 0
+
+    async def together(request: Any, pairs: list[tuple[str, str]]) -> str:
+        # Both passes reach the model before either writes.
+        nonlocal waiting
+        waiting += 1
+        if waiting == 2:
+            asked.set()
+        await asyncio.wait_for(asked.wait(), 10)
+        return facts_reply(*pairs)
+
+    a = ScriptedModelClient(responder=lambda r: together(r, [("name", "Al."), ("home", "Oslo.")]))
+    b = ScriptedModelClient(responder=lambda r: together(r, [("user name", "Called Al.")]))
+    one, two = await asyncio.gather(
+        memory.extract_facts(model=a, **args), memory.extract_facts(model=b, **args)
+    )
+    assert len(a.requests) == len(b.requests) == 1
+    assert one == two
+    rows = await extraction_rows(db, org, session)
+    assert [(r[0], r[1]) for r in rows] == [(f.subject, f.content) for f in one]
+    assert len(rows) in (1, 2) and not any(r[3] for r in rows)
+
+
 async def test_extraction_without_a_model_or_with_garbage_is_empty(
     db, store, settings, org, caplog
 ) -> None:

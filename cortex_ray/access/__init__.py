@@ -2,6 +2,7 @@
 the one decision every use case of the runtime goes through."""
 
 from cortex_ray.access._service import (
+    DIALOGUE,
     AccessControlService,
     AccessDecision,
     Tier,
@@ -10,6 +11,7 @@ from cortex_ray.access._service import (
 )
 
 __all__ = [
+    "DIALOGUE",
     "AccessControlService",
     "AccessDecision",
     "Tier",

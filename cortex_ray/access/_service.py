@@ -5,6 +5,15 @@
   what the person may not do, nor what the agent may not do.
 - A missing grant (no policy) denies. Being an admin does not widen an agent's grant.
 - Principals of another organisation are always denied.
+- Dialogue (``reply``, ``DIALOGUE``) is part of every INTERACTIVE agent's action space in a
+  conversation, whatever its tool set: replying to the person is a grounding action the
+  runtime itself needs, not a tool a creator must remember. It is the conversation's, so no
+  grant governs it: the session use cases already admitted the caller (only the session's
+  own caller talks in it), and a grant (the agent's or the caller's) that lacks ``reply``,
+  or an agent with no policy at all, still answers its caller; grants decide its tools.
+  It still passes the gate (schema, hooks, audit). Outside a conversation ``reply`` is an
+  ordinary tool: an AUTONOMOUS run has no person to reply to (its finish message is its
+  dialogue), and a direct call of ``reply`` reaches nobody.
 
 Use cases (``UseCase``: creating agents, submitting tasks, searching memory, ...) are
 decided here too, by ``authorize``: the organisation, the capability tier, and the use
@@ -26,6 +35,7 @@ from cortex_ray._types import (
 )
 
 __all__ = [
+    "DIALOGUE",
     "AccessControlService",
     "AccessDecision",
     "Tier",
@@ -34,14 +44,31 @@ __all__ = [
 ]
 
 
+DIALOGUE = "reply"
+"""The dialogue action: the reply to the person an interactive agent talks with."""
+
+
 @dataclass(frozen=True, slots=True)
 class AccessDecision:
     allowed: bool
     reason: str
 
 
+def _converses(agent: Agent, mode: AgentMode) -> bool:
+    """An INTERACTIVE agent called interactively: what a session's turn is, where the reply
+    is part of the action space."""
+    return mode is AgentMode.INTERACTIVE and agent.mode is AgentMode.INTERACTIVE
+
+
 class AccessControlService:
     """Decides every tool call; the invocation gate asks it before anything runs."""
+
+    def action_names(self, agent: Agent, mode: AgentMode | None = None) -> tuple[str, ...]:
+        """The names of the agent's action space in ``mode`` (default: the agent's), before
+        grants: its tool set, plus ``reply`` in a conversation (see the module docstring)."""
+        if _converses(agent, mode or agent.mode) and DIALOGUE not in agent.tools:
+            return (*agent.tools, DIALOGUE)
+        return agent.tools
 
     def decide(
         self,
@@ -51,10 +78,27 @@ class AccessControlService:
         action_type: ActionType,
         *,
         mode: AgentMode | None = None,
+        conversation: bool = False,
     ) -> AccessDecision:
+        """Decide one call of ``tool`` (see the module docstring).
+
+        Args:
+            agent: The agent the call acts for.
+            caller: Who asks (an interactive call's principal); ``None`` in a run.
+            tool: The tool's name.
+            action_type: The tool's CoALA category, as the classifier gives it.
+            mode: The call's mode (default: the agent's).
+            conversation: The call is part of a session's turn, where ``reply`` is the
+                dialogue every interactive agent may hold; elsewhere (a direct call, a
+                run) ``reply`` is decided like any tool.
+        """
         mode = mode or agent.mode
+        if tool == DIALOGUE and conversation and _converses(agent, mode):
+            return self._dialogue(agent, caller)
         if tool not in agent.tools:
-            return AccessDecision(False, f"tool {tool!r} is not in agent {agent.name!r}'s tool set")
+            return AccessDecision(
+                False, f"tool {tool!r} is not in the tool set of agent {agent.name!r}"
+            )
         if agent.grant is None:
             return AccessDecision(False, f"agent {agent.name!r} has no access policy (deny)")
         if not agent.grant.allows(tool, action_type):
@@ -72,6 +116,18 @@ class AccessControlService:
         if not caller.grant.allows(tool, action_type):
             return AccessDecision(False, f"caller {caller.id!r} is not granted {tool!r}")
         return AccessDecision(True, "agent grant ∩ caller grant")
+
+    @staticmethod
+    def _dialogue(agent: Agent, caller: Principal | None) -> AccessDecision:
+        """The reply in a conversation: to a person of the agent's organisation (or a
+        service), never on another agent's behalf; no grant is read (module docstring)."""
+        if caller is None:
+            return AccessDecision(False, "a reply needs the caller it answers (deny)")
+        if caller.org_id != agent.org_id:
+            return AccessDecision(False, "caller belongs to another organisation")
+        if caller.kind is PrincipalKind.AGENT and caller.id != agent.principal().id:
+            return AccessDecision(False, "another agent cannot drive this agent interactively")
+        return AccessDecision(True, "dialogue: the reply to the conversation's caller")
 
     def authorize(
         self, principal: Principal, use_case: UseCase, request: UseCaseRequest

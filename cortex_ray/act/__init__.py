@@ -1,6 +1,7 @@
 """ACT: tools, the action classifier, and the one invocation gate."""
 
-from cortex_ray.act._dispatcher import Dispatch, InvocationContext, ToolDispatcher, ToolHook
+from cortex_ray.act._calls import Dispatch, InvocationContext
+from cortex_ray.act._dispatcher import ToolDispatcher, ToolHook
 from cortex_ray.act._registry import ActionClassifier, ToolRegistry
 from cortex_ray.act._tools import Tool, ToolContext, ToolHandler
 from cortex_ray.act.builtins import (

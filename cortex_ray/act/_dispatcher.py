@@ -12,17 +12,16 @@ carrying the action category.
 
 Failures become an ``Observation`` with status REFUSED / ERROR / TIMEOUT (CANCELLED is
 recorded, then re-raised): nothing a tool does escapes the decision cycle as an exception.
+A call's context, outcome and audit row are built in ``cortex_ray.act._calls``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -41,6 +40,16 @@ from cortex_ray._types import (
     ToolSpec,
 )
 from cortex_ray.access import AccessControlService
+from cortex_ray.act._calls import (
+    CallFacts,
+    Dispatch,
+    InvocationContext,
+    access_of,
+    audit_row,
+    sha256_text,
+    source_ids,
+    source_versions,
+)
 from cortex_ray.act._registry import ToolRegistry
 from cortex_ray.act._tools import Tool, ToolContext
 from cortex_ray.governance import (
@@ -67,143 +76,11 @@ from cortex_ray.observability import (
 from cortex_ray.settings import ToolOptions, TracingOptions
 from cortex_ray.storage import AuditEntry, Store
 
-__all__ = ["Dispatch", "InvocationContext", "ToolDispatcher", "ToolHook"]
+__all__ = ["ToolDispatcher", "ToolHook"]
 
 log = logging.getLogger("cortex_ray.act")
 
 _CATEGORY_ORDER = {t: i for i, t in enumerate(ActionType)}
-
-
-@dataclass(frozen=True, slots=True)
-class InvocationContext:
-    """Who asks for a call and where it belongs (run and step, or session)."""
-
-    agent: Agent
-    caller: Principal | None
-    mode: AgentMode
-    run_id: UUID | None = None
-    session_id: UUID | None = None
-    step_index: int | None = None
-    idempotency_key: str | None = None
-    """The call's idempotency key when it is not the run step's (``f"{run_id}:{step_index}"``,
-    derived): a turn's round (``f"turn:{turn_id}:{round}"``) or a direct call's
-    ``Idempotency-Key``. ``None`` in a run: the step's key is used."""
-    run_mode: RunMode = RunMode.EXECUTE
-    """A dry run simulates, a shadow run proposes, every WRITE or ADMIN call it allows."""
-    approval_id: UUID | None = None
-    """The approved request this call carries out: the policy is evaluated again (a denial
-    still denies), but does not ask for approval a second time."""
-    workflow: WorkflowVersion | None = None
-    """The workflow version the run follows: a call outside its allow-list is refused
-    before any grant is read, and its approval gates apply."""
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    """The outcome of one call: what the cycle observes, and what the audit log keeps."""
-
-    observation: Observation
-    audit: AuditEntry
-
-    @property
-    def refused_as_invalid(self) -> bool:
-        """Unknown tool or invalid arguments: the call was never executed."""
-        return self.observation.status is ObservationStatus.REFUSED and bool(
-            self.audit.reason
-            and self.audit.reason.startswith(("unknown tool", "invalid arguments"))
-        )
-
-
-@dataclass(slots=True)
-class _CallFacts:
-    """What the audit row keeps of a call besides its status: the grants that allowed it,
-    the hash and source ids of its (redacted) result, how many fields were redacted."""
-
-    grant_ids: tuple[UUID, ...] = ()
-    result_sha256: str | None = None
-    source_ids: tuple[str, ...] = ()
-    source_versions: tuple[str, ...] = ()
-    redacted: int = 0
-    result_payload: str | None = None
-    """The whole (redacted, scrubbed) result as JSON, when over the inline limit."""
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def args_sha256(args: Any) -> str:
-    """The hash of a call's arguments as the audit row keeps it (canonical JSON)."""
-    return _sha256(json.dumps(args, sort_keys=True, default=str, separators=(",", ":")))
-
-
-def _source_ids(output: Any, limit: int = 100) -> tuple[str, ...]:
-    """The source ids a result carries (``source_id`` keys, ``source_ids`` lists, at any
-    depth up to 4): the evidence the call returned, kept on its audit row."""
-    found: dict[str, None] = {}
-
-    def walk(v: Any, depth: int) -> None:
-        if depth > 4 or len(found) >= limit:
-            return
-        if isinstance(v, dict):
-            for k, item in v.items():
-                if k == "source_id" and isinstance(item, str | int | UUID):
-                    found[str(item)] = None
-                elif k == "source_ids" and isinstance(item, list):
-                    found.update((str(i), None) for i in item[:limit])
-                else:
-                    walk(item, depth + 1)
-        elif isinstance(v, list):
-            for item in v:
-                walk(item, depth + 1)
-
-    walk(output, 0)
-    return tuple(list(found)[:limit])
-
-
-def _source_versions(output: Any, limit: int = 100) -> tuple[str, ...]:
-    """``source_id@version`` of the results that carry both (knowledge hits do): which
-    version of a source the call cited."""
-    found: dict[str, None] = {}
-
-    def walk(v: Any, depth: int) -> None:
-        if depth > 4 or len(found) >= limit:
-            return
-        if isinstance(v, dict):
-            sid, version = v.get("source_id"), v.get("version", v.get("source_version"))
-            if isinstance(sid, str | int | UUID) and isinstance(version, int | str):
-                found[f"{sid}@{version}"] = None
-            for item in v.values():
-                if isinstance(item, dict | list):
-                    walk(item, depth + 1)
-        elif isinstance(v, list):
-            for item in v:
-                walk(item, depth + 1)
-
-    walk(output, 0)
-    return tuple(list(found)[:limit])
-
-
-def _decision(status: str, reason: str | None) -> str:
-    """The gate's decision as the audit row records it."""
-    if status == ObservationStatus.OK:
-        return "allowed"
-    if status == ObservationStatus.REFUSED:
-        why = reason or ""
-        if why.startswith("access denied"):
-            return "denied"
-        if why.startswith("approval required"):
-            return "approval_required"
-        if why.startswith("approval rejected") or why.startswith("approval expired"):
-            return "rejected"
-        return "refused"
-    if status == ObservationStatus.CANCELLED:
-        return "cancelled"
-    if status == ObservationStatus.SIMULATED:
-        return "simulated"
-    if status == ObservationStatus.PROPOSED:
-        return "proposed"
-    return "error"
 
 
 class ToolHook(Protocol):
@@ -269,15 +146,19 @@ class ToolDispatcher:
     ) -> list[ToolSpec]:
         """The tools this principal may use for this agent, grouped by action type.
 
-        An interactive caller sees only what both the caller and the agent may do.
+        An interactive caller sees only what both the caller and the agent may do, and the
+        reply: the action space of a conversation (``AccessControlService.action_names``).
         """
         specs = []
-        for name in agent.tools:
+        for name in self.access.action_names(agent, mode):
             tool = self.registry.get(name)
             if tool is None:
                 continue
             action_type = self.registry.classifier.classify(tool)
-            if self.access.decide(agent, caller, name, action_type, mode=mode).allowed:
+            decision = self.access.decide(
+                agent, caller, name, action_type, mode=mode, conversation=True
+            )
+            if decision.allowed:
                 specs.append(self.registry.spec(tool))
         return sorted(specs, key=lambda s: (_CATEGORY_ORDER[s.action_type], s.name))
 
@@ -323,7 +204,7 @@ class ToolDispatcher:
             },
         ) as span:
             started = time.perf_counter()
-            facts = _CallFacts()
+            facts = CallFacts()
             try:
                 observation, reason = await self._run(
                     tctx,
@@ -340,7 +221,7 @@ class ToolDispatcher:
             except asyncio.CancelledError:
                 # Record the cancelled call, then let the cancellation go on.
                 log.warning("dispatch tool=%s category=%s cancelled", tool_name, action_type.value)
-                audit = self._audit(
+                audit = audit_row(
                     ctx,
                     tctx,
                     tool_name,
@@ -352,6 +233,7 @@ class ToolDispatcher:
                     (time.perf_counter() - started) * 1000,
                     tool.connector if tool else None,
                     facts,
+                    inline_bytes=self.options.payload_inline_bytes,
                 )
                 await asyncio.shield(self._write_audit(audit))
                 raise
@@ -363,7 +245,7 @@ class ToolDispatcher:
                     "args": args if isinstance(args, dict) else {},
                 }
             )
-            access = _access(observation.status, reason)
+            access = access_of(observation.status, reason)
             span.set_attribute("cortex.status", observation.status.value)
             span.set_attribute("cortex.access", access)
             if observation.status is not ObservationStatus.OK:
@@ -418,7 +300,7 @@ class ToolDispatcher:
             f" reason={reason}" if reason else "",
             extra={"action_type": action_type.value, "tier": tier.value, "tool": tool_name},
         )
-        audit = self._audit(
+        audit = audit_row(
             ctx,
             tctx,
             tool_name,
@@ -430,71 +312,9 @@ class ToolDispatcher:
             duration_ms,
             tool.connector if tool else None,
             facts,
+            inline_bytes=self.options.payload_inline_bytes,
         )
         return Dispatch(observation, audit)
-
-    def _audit(
-        self,
-        ctx: InvocationContext,
-        tctx: ToolContext,
-        tool_name: str,
-        action_type: ActionType,
-        tier: CapabilityTier,
-        args: dict[str, Any],
-        status: str,
-        reason: str | None,
-        duration_ms: float,
-        connector: str | None = None,
-        facts: _CallFacts | None = None,
-    ) -> AuditEntry:
-        facts = facts or _CallFacts()
-        limit = self.options.payload_inline_bytes
-        payloads: list[tuple[str, str]] = []
-        stored_args: dict[str, Any] = args if isinstance(args, dict) else {"_invalid": repr(args)}
-        args_ref = None
-        # Scrubbed and encoded once here; the audit insert reuses the text.
-        text = json.dumps(scrub(stored_args), default=str)
-        if len(text) > limit:
-            # Stored once by hash (every later row with the same arguments references it):
-            # a history of large calls does not grow by a copy per row.
-            args_ref = _sha256(text)
-            payloads.append((args_ref, text))
-            stored_args = {"$payload": args_ref, "bytes": len(text.encode())}
-            text = json.dumps(stored_args)
-        result_ref = None
-        if facts.result_payload is not None:
-            result_ref = _sha256(facts.result_payload)
-            payloads.append((result_ref, facts.result_payload))
-        return AuditEntry(
-            org_id=ctx.agent.org_id,
-            principal_id=tctx.principal.id,
-            agent_id=ctx.agent.id,
-            mode=ctx.mode,
-            tool=tool_name,
-            action_type=action_type,
-            status=status,
-            reason=reason,
-            args=stored_args,
-            duration_ms=duration_ms,
-            run_id=ctx.run_id,
-            step_index=ctx.step_index,
-            session_id=ctx.session_id,
-            idempotency_key=tctx.idempotency_key,
-            tier=tier,
-            decision=_decision(status, reason),
-            input_sha256=args_sha256(args),
-            result_sha256=facts.result_sha256,
-            source_ids=facts.source_ids,
-            connector=connector,
-            grant_ids=facts.grant_ids,
-            run_mode=None if ctx.run_id is None else ctx.run_mode.value,
-            workflow_id=None if ctx.workflow is None else ctx.workflow.workflow_id,
-            args_ref=args_ref,
-            result_ref=result_ref,
-            source_versions=facts.source_versions,
-            payloads=tuple(payloads),
-            args_json=text,
-        )
 
     def audit_entry(
         self,
@@ -518,8 +338,17 @@ class ToolDispatcher:
         )
         tool = self.registry.get(action.tool)
         tier = self.registry.classifier.tier(tool) if tool else CapabilityTier.WRITE
-        return self._audit(
-            ctx, tctx, action.tool, action.action_type, tier, action.args, status, reason, 0.0
+        return audit_row(
+            ctx,
+            tctx,
+            action.tool,
+            action.action_type,
+            tier,
+            action.args,
+            status,
+            reason,
+            0.0,
+            inline_bytes=self.options.payload_inline_bytes,
         )
 
     async def _write_audit(self, audit: AuditEntry) -> None:
@@ -534,7 +363,7 @@ class ToolDispatcher:
         action_type: ActionType,
         tier: CapabilityTier,
         args: dict[str, Any],
-        facts: _CallFacts,
+        facts: CallFacts,
         run_mode: RunMode = RunMode.EXECUTE,
         approval_id: UUID | None = None,
         workflow: WorkflowVersion | None = None,
@@ -560,7 +389,14 @@ class ToolDispatcher:
         if errors:
             where = "/".join(str(p) for p in errors[0].path) or "arguments"
             return refuse(f"invalid arguments: {where}: {errors[0].message}")
-        decision = self.access.decide(ctx.agent, ctx.principal, name, action_type, mode=ctx.mode)
+        decision = self.access.decide(
+            ctx.agent,
+            ctx.principal,
+            name,
+            action_type,
+            mode=ctx.mode,
+            conversation=ctx.session_id is not None,
+        )
         if not decision.allowed:
             return refuse(f"access denied: {decision.reason}")
         if workflow is not None and not workflow.allows(name, tool.connector):
@@ -641,9 +477,9 @@ class ToolDispatcher:
         if ctx.revealed:  # a secret the call read never leaves it
             output = redact_values(output, ctx.revealed)
         full = _text(output)
-        facts.result_sha256 = _sha256(full)
-        facts.source_ids = _source_ids(output)
-        facts.source_versions = _source_versions(output)
+        facts.result_sha256 = sha256_text(full)
+        facts.source_ids = source_ids(output)
+        facts.source_versions = source_versions(output)
         if len(full) > self.options.payload_inline_bytes:
             facts.result_payload = json.dumps(scrub(output), default=str, ensure_ascii=False)
         bounded, text, truncated = _bound(output, self.options.output_chars, full)
@@ -658,15 +494,3 @@ class ToolDispatcher:
         for hook in self.hooks:
             obs = await hook.after(ctx, tool, obs)
         return obs, None
-
-
-def _access(status: ObservationStatus, reason: str | None) -> str:
-    """The gate's decision as a span reads it: ``denied`` (the grant or policy said no),
-    ``refused`` (an unknown tool, invalid arguments, a hook), ``allowed`` (the tool ran)."""
-    if status is ObservationStatus.REFUSED:
-        if (reason or "").startswith("approval required"):
-            return "approval"
-        return "denied" if (reason or "").startswith("access denied") else "refused"
-    if status in (ObservationStatus.SIMULATED, ObservationStatus.PROPOSED):
-        return status.value.lower()
-    return "allowed"

@@ -198,7 +198,11 @@ class Learner:
             await self._memory.write_prepared(conn, [prepared])
 
     async def end_session(self, session: Session, model: ModelClient | None) -> list[MemoryRecord]:
-        """End a session; the extraction pass writes the SEMANTIC facts it finds."""
+        """End a session; the extraction pass writes the SEMANTIC facts it finds.
+
+        Safe to retry: the pass is idempotent per session (``MemoryService.extract_facts``),
+        so an end retried after a crash between the facts' commit and the session's, or two
+        ends at once, store each fact once (and answer with the same facts)."""
         session = await self._store.get_session(session.org_id, session.id)
         if session.status is SessionStatus.ENDED:
             return []

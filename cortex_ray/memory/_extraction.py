@@ -5,11 +5,19 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from typing import Any
+from uuid import UUID
 
 from cortex_ray._types import Turn
 from cortex_ray.models import ChatMessage
 
-__all__ = ["FACTS_SCHEMA", "MAX_FACTS", "facts_prompt", "normalise_subject", "validate_facts"]
+__all__ = [
+    "FACTS_SCHEMA",
+    "MAX_FACTS",
+    "extraction_keys",
+    "facts_prompt",
+    "normalise_subject",
+    "validate_facts",
+]
 
 MAX_FACTS = 8
 # SmolLM2, the packaged local model, reads 4096 tokens: keep the newest part of a long
@@ -59,6 +67,14 @@ def normalise_subject(subject: str | None) -> str | None:
         return None
     key = _SPACE.sub(" ", subject).strip().lower()
     return key or None
+
+
+def extraction_keys(session_id: UUID) -> tuple[str, ...]:
+    """The idempotency keys of a session's extracted facts, in the pass's order: the n-th
+    fact of the session's extraction is ``session-end:<session id>:<n>`` (unique per
+    organisation), so that a second pass (a retried end, two ends at once) finds the first
+    pass's facts instead of writing them again."""
+    return tuple(f"session-end:{session_id}:{n}" for n in range(MAX_FACTS))
 
 
 def facts_prompt(conversation: Sequence[Turn]) -> list[ChatMessage]:

@@ -3,6 +3,13 @@ extraction that learns facts from a conversation.
 
 Facts are written (and superseded) like every memory, by ``cortex_ray.memory._writes``; the
 reads here follow the bitemporal rules of ``cortex_ray.memory._service``.
+
+The extraction is idempotent per session: its n-th fact carries the key
+``session-end:<session>:<n>`` (``extraction_keys``), and a pass that finds facts of its
+session already stored returns them and writes nothing (before asking the model, and again
+under a lock of the session's extraction inside the write's transaction, so that two passes
+at once write one set). A retried end (after a crash between the facts' commit and the
+session's end) or a second end therefore leaves one copy of each fact.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from cortex_ray._exceptions import ModelError
 from cortex_ray._types import MemoryKind, MemoryRecord, Turn, utcnow
 from cortex_ray.memory._extraction import (
     FACTS_SCHEMA,
+    extraction_keys,
     facts_prompt,
     normalise_subject,
     validate_facts,
@@ -26,7 +34,7 @@ from cortex_ray.memory._prepare import MemoryPreparer
 from cortex_ray.memory._recall import COLUMNS, memory_from_row, visibility
 from cortex_ray.memory._writes import MemoryWriter
 from cortex_ray.models import ModelClient, structured_call
-from cortex_ray.storage import Database
+from cortex_ray.storage import Conn, Database
 
 __all__ = ["SemanticFacts"]
 
@@ -132,6 +140,10 @@ class SemanticFacts:
         One structured call asks for up to 8 ``{subject, fact}`` pairs; each becomes a fact
         with a normalised subject, so it supersedes what was known about that subject.
 
+        Idempotent per session (see the module docstring): when facts of ``session_id``'s
+        extraction are stored already, they are returned, the model is not asked, and
+        nothing is written.
+
         Args:
             org_id: The organisation.
             agent_id: The agent that held the conversation.
@@ -141,12 +153,18 @@ class SemanticFacts:
                 without a model there is no way to tell facts from chatter.
 
         Returns:
-            The facts written. ``[]`` also when the model fails or its output is still
-            malformed after ``structured_retries`` retries (logged, not raised):
+            The facts written (or found). ``[]`` also when the model fails or its output is
+            still malformed after ``structured_retries`` retries (logged, not raised):
             a lost extraction must not fail the end of a session.
         """
         if model is None or not conversation:
             return []
+        keys = extraction_keys(session_id)
+        async with self.db.connection() as conn:
+            earlier = await _extracted(conn, org_id, keys)
+        if earlier:
+            log.info("facts of session %s were extracted already: none written", session_id)
+            return earlier
         try:
             pairs = await structured_call(
                 model,
@@ -174,9 +192,35 @@ class SemanticFacts:
                     "valid_from": now,
                     "session_id": session_id,
                     "metadata": {"source": "extraction"},
+                    "idempotency_key": key,
                 }
-                for subject, fact in pairs
+                for (subject, fact), key in zip(pairs, keys, strict=False)
             ]
         )
         async with self.db.transaction() as conn:
+            # One pass of a session writes at a time; a later one finds the facts under
+            # the lock (taken before the writer's subject and key locks, and only here, so
+            # it cannot deadlock with them).
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"memories-extraction:{org_id}:{session_id}",),
+            )
+            earlier = await _extracted(conn, org_id, keys)
+            if earlier:
+                log.info("facts of session %s were extracted meanwhile: none written", session_id)
+                return earlier
             return await self.writer.write_prepared(conn, prepared)
+
+
+async def _extracted(conn: Conn, org_id: str, keys: Sequence[str]) -> list[MemoryRecord]:
+    """The facts stored under ``keys`` (a session's extraction keys), in the pass's order."""
+    cur = await conn.execute(
+        sql.SQL(
+            "SELECT {cols}, idempotency_key FROM memories "
+            "WHERE org_id = %s AND idempotency_key = ANY(%s)"
+        ).format(cols=COLUMNS),
+        (org_id, list(keys)),
+    )
+    order = {key: n for n, key in enumerate(keys)}
+    rows = sorted(await cur.fetchall(), key=lambda row: order[row["idempotency_key"]])
+    return [memory_from_row(row) for row in rows]

@@ -52,7 +52,11 @@ class AgentUseCases:
         principal: Principal | None = None,
     ) -> Agent:
         """Create an agent (admin only). By default it has every built-in tool and a grant
-        for them; ``critic`` turns on its inner voice (a review of each final answer)."""
+        for them; ``critic`` turns on its inner voice (a review of each final answer).
+
+        ``tools`` need not name ``reply``: an INTERACTIVE agent always answers the person it
+        talks with, whatever its tool set and grant (``cortex_ray.access``: dialogue is the
+        conversation's, not a grant's), so ``tools=["current_time"]`` is a working chat."""
         args = {"name": name, "mode": mode.value}
         caller = await self.gate.authorize(principal, UseCase.AGENTS_CREATE, org_id, args=args)
         tool_names = tuple(tools) if tools is not None else BUILTIN_TOOL_NAMES

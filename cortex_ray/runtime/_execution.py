@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from uuid import UUID
 
 from cortex_ray._exceptions import CortexError, InvalidRequestError
-from cortex_ray._types import MemoryRecord, Principal, Session, TaskRun, TurnResult
-from cortex_ray.cycle import DecisionCycle, StepCallback, TurnEventSink
+from cortex_ray._types import MemoryRecord, Principal, Session, TaskRun, TurnEvent, TurnResult
+from cortex_ray.cycle import DecisionCycle, StepCallback, TurnEventRelay, TurnEventSink
 from cortex_ray.learn import Learner
 from cortex_ray.models import ModelClient
 from cortex_ray.observability import metrics
@@ -24,6 +25,7 @@ from cortex_ray.settings import Settings
 from cortex_ray.storage import (
     OrphanedRun,
     Store,
+    StoredTurnEvent,
     TurnLease,
     TurnLeaseLostError,
     TurnLog,
@@ -32,7 +34,7 @@ from cortex_ray.storage import (
     TurnStore,
 )
 
-__all__ = ["Execution", "wait_for_turn"]
+__all__ = ["Execution", "follow_turn", "wait_for_turn"]
 
 log = logging.getLogger("cortex_ray.runtime")
 
@@ -183,9 +185,19 @@ class Execution:
                 await asyncio.wait_for(handoff.wait(), delay)
             delay = min(delay * 2, 0.25)
         renewing = asyncio.create_task(self._renew_turn(lease), name=f"lease turn {turn_id}")
+        relay = TurnEventRelay(on_event, f"turn {turn_id}")
+
+        async def publish(event: TurnEvent) -> None:
+            # Stored first, as it happens: a client reconnecting mid-turn follows it live.
+            try:
+                await self.turns.append_event(lease, event)
+            except Exception:  # the end of the turn stores them all again
+                log.warning("turn %s: an event could not be stored", turn_id, exc_info=True)
+            await relay(event)
+
         try:
             return await self.cycle.turn(
-                session, caller, lease.turn.message, lease=lease, on_event=on_event
+                session, caller, lease.turn.message, lease=lease, on_event=publish
             )
         except TurnLeaseLostError:
             # Taken over after this driver's lease expired: the new holder's outcome counts.
@@ -247,6 +259,38 @@ async def wait_for_turn(
         await asyncio.sleep(delay if left is None else min(delay, left))
         delay = min(delay * 2, 0.25)
     return await turns.get(org_id, session_id, turn_id)
+
+
+async def follow_turn(
+    turns: TurnLog, turn: TurnRecord, *, after: int, idle_s: float
+) -> AsyncIterator[StoredTurnEvent | TurnRecord]:
+    """A running turn's stored events after sequence number ``after``, as its driver stores
+    them (each once, in order), then the turn itself once it has ended (the last item).
+
+    When no event comes and the turn does not end for ``idle_s`` seconds, the last item is
+    the turn as it then stands, not ended: the caller follows again later. A turn driven
+    again after its driver died starts its events over from 1 (each attempt's events are
+    its own): they follow those of the attempt that was interrupted."""
+    loop = asyncio.get_running_loop()
+    seen, attempt = after, turn.attempts
+    quiet_until = loop.time() + idle_s
+    delay = 0.02
+    while True:
+        if turn.attempts != attempt:  # a new attempt: its events count from 1 again
+            seen = 0 if attempt > 0 else seen
+            attempt = turn.attempts
+        fresh = [stored for stored in turn.events if stored.seq > seen]
+        for stored in fresh:
+            yield stored
+            seen = stored.seq
+        if turn.status.ended or (not fresh and loop.time() >= quiet_until):
+            yield turn
+            return
+        if fresh:
+            quiet_until, delay = loop.time() + idle_s, 0.02
+        await asyncio.sleep(min(delay, max(quiet_until - loop.time(), 0.0)))
+        delay = min(delay * 2, 0.25)
+        turn = await turns.get(turn.org_id, turn.session_id, turn.id)
 
 
 def _turn_failure(exc: BaseException) -> str:

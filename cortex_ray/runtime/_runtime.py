@@ -200,6 +200,7 @@ class Runtime:
     conversation = delegate("_sessions", SessionUseCases.conversation)
     accept_turn = delegate("_sessions", SessionUseCases.accept_turn)
     get_turn = delegate("_sessions", SessionUseCases.get_turn)
+    follow_turn = delegate("_sessions", SessionUseCases.follow_turn)
     turn_trace = delegate("_sessions", SessionUseCases.turn_trace)
     turn_diagnostics = delegate("_sessions", SessionUseCases.turn_diagnostics)
     authorize_turn = delegate("_sessions", SessionUseCases.authorize_turn)

@@ -3,6 +3,7 @@ traces and diagnostics, and admit its end. Driving a turn is the executor seam's
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Protocol
 from uuid import UUID
 
@@ -12,7 +13,7 @@ from cortex_ray.access import UseCase
 from cortex_ray.observability import RunTrace, metrics
 from cortex_ray.observability.diagnostics import Diagnosis
 from cortex_ray.runtime._admission import Admission
-from cortex_ray.runtime._execution import wait_for_turn
+from cortex_ray.runtime._execution import follow_turn, wait_for_turn
 from cortex_ray.runtime._gate import UseCaseGate
 from cortex_ray.runtime._traces import Traces
 from cortex_ray.settings import Settings
@@ -20,6 +21,7 @@ from cortex_ray.storage import (
     PrincipalStore,
     SessionMessage,
     SessionStore,
+    StoredTurnEvent,
     TraceReader,
     TurnLog,
     TurnRecord,
@@ -137,6 +139,30 @@ class SessionUseCases:
         if turn.status.ended or wait_s <= 0:
             return turn
         return await wait_for_turn(self.turns, org_id, session_id, turn_id, wait_s)
+
+    async def follow_turn(
+        self,
+        org_id: str,
+        session_id: UUID,
+        turn_id: UUID,
+        *,
+        after: int = 0,
+        principal: Principal | None = None,
+    ) -> AsyncIterator[StoredTurnEvent | TurnRecord]:
+        """Follow an accepted turn live (the session's caller, or an admin, as reading the
+        session): its events after sequence number ``after`` as they are stored, then the
+        turn once it has ended; or, after ``sessions.turn_replay_wait_s`` without an event,
+        the turn as it stands, not ended (follow again). Refusals are raised here, before
+        anything is followed.
+
+        Raises:
+            NotFoundError: No such session or turn in the organisation.
+        """
+        await self.gate.session_for(principal, UseCase.SESSIONS_READ, org_id, session_id)
+        turn = await self.turns.get(org_id, session_id, turn_id)
+        return follow_turn(
+            self.turns, turn, after=after, idle_s=self.settings.sessions.turn_replay_wait_s
+        )
 
     async def turn_trace(
         self,

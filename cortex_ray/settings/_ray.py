@@ -82,7 +82,8 @@ class SessionPolicy(BaseModel):
         default=30.0,
         gt=0,
         description="a running turn's lease lasts this long, renewed every third of it; a turn "
-        "whose driver died is taken again once it expires",
+        "whose driver died is taken again once it expires (at once when Ray reports its "
+        "session actor dead)",
     )
     turn_max_attempts: int = Field(
         default=3,
@@ -98,8 +99,8 @@ class SessionPolicy(BaseModel):
     turn_replay_wait_s: float = Field(
         default=30.0,
         gt=0,
-        description="how long a reconnecting client's event stream waits for a running turn "
-        "to end before it answers with the turn's status (then reconnect again)",
+        description="a reconnecting client's event stream follows a running turn live; after "
+        "this long without an event it ends with the turn's status (then reconnect again)",
     )
     reactivation_timeout_s: float = Field(
         default=15.0, gt=0, description="how long a call waits for a passivating actor to go"

@@ -122,7 +122,7 @@ class TurnLeaseRows:
                 """
                 UPDATE session_turns
                 SET status = 'RUNNING', attempts = attempts + 1, lease_owner = %s,
-                    lease_token = lease_token + 1,
+                    lease_token = lease_token + 1, events = '[]',
                     lease_expires_at = now() + make_interval(secs => %s)
                 WHERE org_id = %s AND session_id = %s AND id = %s
                 RETURNING *
@@ -180,6 +180,47 @@ class TurnLeaseRows:
             await self._end(
                 conn, turn, TurnStatus.FAILED, reason=reason, events=events, turns=[_user(turn)]
             )
+
+    async def append_event(self, lease: TurnLease, event: TurnEvent) -> int | None:
+        """Store one event of the attempt ``lease`` drives as it happens (a reconnecting
+        client follows them live); its sequence number, ``None`` if the lease was lost.
+        Each attempt's events start from 1 (``claim`` clears them); the turn's end writes the
+        same list whole."""
+        turn = lease.turn
+        body = Jsonb(event.model_dump(mode="json", exclude_none=True))
+        async with self.db.transaction() as conn:
+            cur = await conn.execute(
+                """
+                UPDATE session_turns
+                SET events = events || jsonb_build_array(
+                    jsonb_build_object('seq', jsonb_array_length(events) + 1, 'event', %s::jsonb))
+                WHERE org_id = %s AND session_id = %s AND id = %s AND status = 'RUNNING'
+                  AND lease_token = %s
+                RETURNING jsonb_array_length(events) AS seq
+                """,
+                (body, turn.org_id, turn.session_id, turn.id, lease.token),
+            )
+            row = await cur.fetchone()
+        return None if row is None else int(row["seq"])
+
+    async def resumable(self, org_id: str, session_id: UUID, owner: str) -> list[UUID]:
+        """The turns of a session not ended that ``owner`` may take now (no live lease, or
+        a lease of its own), in ordinal order: what the successor of a driver known dead
+        drives again at once (it takes its predecessor's leases back, as ``claim`` lets the
+        same owner do), instead of once the leases expire."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT id FROM session_turns
+                WHERE org_id = %s AND session_id = %s AND status IN ('ACCEPTED', 'RUNNING')
+                  AND (lease_expires_at IS NULL OR lease_expires_at <= now()
+                       OR lease_owner = %s)
+                ORDER BY ordinal
+                """,
+                (org_id, session_id, owner),
+            )
+            rows = await cur.fetchall()
+        return [r["id"] for r in rows]
 
     async def release(self, lease: TurnLease) -> None:
         """Give the lease up without ending the turn (a driver shutting down): another

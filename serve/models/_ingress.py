@@ -225,6 +225,8 @@ class _GuardedApp(FastAPI):
         if isinstance(slot, JSONResponse):
             await slot(scope, receive, send)
             return
+        # Counted in this replica's memory, so per replica: a cluster-wide count would put a
+        # shared counter (an actor, a row) on every request (docs/model_serving.md, "Guards").
         if self._in_flight.get(slot, 0) >= limits.max_concurrent_per_key:
             busy = Failure(
                 429,

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Header, Query
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from cortex_ray import ConflictError, SessionStatus, TurnEvent, TurnResult, events_until
-from cortex_ray.storage import TurnRecord, TurnStatus
+from cortex_ray.storage import StoredTurnEvent, TurnRecord, TurnStatus
 from serve._deps import MAX_WAIT_S, MemberDep, OrgPath, StateDep, org_router
 from serve._errors import ApiProblem
 from serve.routes._events import sse, sse_id, turn_done, turn_error, turn_event
@@ -63,13 +63,6 @@ async def _started_turn(
     return _StartedTurn(turn, running, events)
 
 
-async def _readable_turn(
-    state: StateDep, org: OrgPath, session_id: UUID, turn_id: UUID, principal: MemberDep
-) -> TurnRecord:
-    """A turn of a session the caller may read (its caller, or an admin)."""
-    return await state.runtime.get_turn(org, session_id, turn_id, principal=principal)
-
-
 def _last_seen(
     turn_id: UUID,
     last_event_id: Annotated[
@@ -93,6 +86,30 @@ def _last_seen(
             raise ApiProblem(422, f"Last-Event-ID must be '{turn_id}:<seq>'")
         return int(seq)
     return -1 if after is None else after
+
+
+@dataclass(frozen=True, slots=True)
+class _Following:
+    session_id: UUID
+    turn_id: UUID
+    seen: int
+    events: AsyncIterator[StoredTurnEvent | TurnRecord]
+
+
+async def _following(
+    state: StateDep,
+    org: OrgPath,
+    principal: MemberDep,
+    session_id: UUID,
+    turn_id: UUID,
+    seen: Annotated[int, Depends(_last_seen)],
+) -> _Following:
+    """The turn followed from the client's last event (a refusal, an unknown turn: an
+    ordinary JSON error before the stream starts)."""
+    events = await state.runtime.follow_turn(
+        org, session_id, turn_id, after=max(seen, 0), principal=principal
+    )
+    return _Following(session_id, turn_id, seen, events)
 
 
 def sessions_router() -> APIRouter:
@@ -241,49 +258,43 @@ def sessions_router() -> APIRouter:
         responses={
             200: {
                 "description": "The turn's events after `Last-Event-ID` (or `after`; neither: "
-                "from `started`), with the same ids as on the first stream, then `done` (or "
-                "`error` for a turn that FAILED). A turn still running is waited for up to "
-                "the server's `sessions.turn_replay_wait_s`; if it is still running then, the "
-                "stream is one `pending` event (the turn's status): reconnect."
+                "from `started`), with the same ids as on the first stream, each as soon as "
+                "the turn's driver has stored it (a running turn is followed live), then "
+                "`done` (or `error` for a turn that FAILED). If no event comes for the "
+                "server's `sessions.turn_replay_wait_s`, the stream ends with one `pending` "
+                "event (the turn's status): reconnect with the last id."
             },
             403: {"model": ApiError, "description": "another caller's session"},
             422: {"model": ApiError, "description": "a Last-Event-ID of another turn"},
         },
     )
     async def turn_events(
-        state: StateDep,
-        org: OrgPath,
-        principal: MemberDep,
-        turn: Annotated[TurnRecord, Depends(_readable_turn)],
-        seen: Annotated[int, Depends(_last_seen)],
+        following: Annotated[_Following, Depends(_following)],
     ) -> AsyncIterator[ServerSentEvent]:
-        """Reconnect to a turn: replay the events a client missed once the turn has ended."""
-        if not turn.status.ended:
-            turn = await state.runtime.get_turn(
-                org,
-                turn.session_id,
-                turn.id,
-                principal=principal,
-                wait_s=state.runtime.settings.sessions.turn_replay_wait_s,
-            )
+        """Reconnect to a turn: replay the events a client missed, then follow it live."""
+        session_id, turn_id, seen = following.session_id, following.turn_id, following.seen
+        if seen < 0:
+            started = TurnStarted(session_id=session_id, turn_id=turn_id)
+            yield sse("started", started, event_id=sse_id(turn_id, 0))
+        turn: TurnRecord | None = None
+        async for item in following.events:
+            if isinstance(item, TurnRecord):
+                turn = item
+            else:
+                yield turn_event(item.event, event_id=sse_id(turn_id, item.seq))
+        assert turn is not None  # follow_turn always ends with the turn
         if not turn.status.ended:
             yield sse("pending", TurnStatusBody.of(turn))
             return
-        if seen < 0:
-            started = TurnStarted(session_id=turn.session_id, turn_id=turn.id)
-            yield sse("started", started, event_id=sse_id(turn.id, 0))
-        for stored in turn.events:
-            if stored.seq > seen:
-                yield turn_event(stored.event, event_id=sse_id(turn.id, stored.seq))
         end_seq = turn.last_seq + 1
         if seen >= end_seq:
             return
-        end_id = sse_id(turn.id, end_seq)
+        end_id = sse_id(turn_id, end_seq)
         if turn.status is TurnStatus.FAILED:
             failed = ConflictError(turn.reason or "the turn failed")
-            yield turn_error(failed, f"replay of turn {turn.id}", event_id=end_id)
+            yield turn_error(failed, f"replay of turn {turn_id}", event_id=end_id)
             return
-        yield turn_done(turn.session_id, turn.result(), event_id=end_id)
+        yield turn_done(session_id, turn.result(), event_id=end_id)
 
     @router.post(
         "/sessions/{session_id}/end",
