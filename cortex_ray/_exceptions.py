@@ -11,6 +11,10 @@
     │   └── LeaseLost             a run's driver lost its lease (another driver took the run, or
     │                             it ended): it stops, writing nothing more
     ├── UnavailableError          what would serve the call is down or unreachable right now
+    │   └── OverloadedError       at capacity: new work is refused before it is accepted,
+    │                             with when to try again (``retry_after_s``)
+    ├── DeadlineExceededError     an accepted turn or run reached its own deadline while it
+    │                             waited (for a model over capacity): it ends with that reason
     └── ModelError                a model backend failed or answered nonsense
         └── StructuredOutputError structured output still invalid after the bounded retries
 
@@ -25,10 +29,12 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "CortexError",
+    "DeadlineExceededError",
     "InvalidRequestError",
     "LeaseLost",
     "ModelError",
     "NotFoundError",
+    "OverloadedError",
     "StorageError",
     "StructuredOutputError",
     "UnavailableError",
@@ -71,6 +77,20 @@ class LeaseLost(ConflictError):
 
 class UnavailableError(CortexError):
     """What would serve the request is down or cannot be reached now; it may work later."""
+
+
+class OverloadedError(UnavailableError):
+    """Too much work is in progress to take more now; nothing was recorded. Try again after
+    ``retry_after_s`` seconds (an estimate; HTTP sends it as ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after_s: float = 5.0) -> None:
+        super().__init__(message)  # args: the message alone; pickled with its attribute
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceededError(CortexError):
+    """Accepted work (a turn, a run's step) reached its own deadline while it waited; the
+    message says whose deadline and what it waited for. The turn or run ends with it."""
 
 
 class ModelError(CortexError):

@@ -14,13 +14,17 @@ status  code                    when
                                 refuses it (InvalidRequestError)
 500     internal_error          anything else: the body says only "internal error"
 502     model_error             the model backend failed (ModelError)
+503     overloaded              at capacity: a turn or run refused before it was accepted,
+                                nothing recorded; ``Retry-After`` says when (OverloadedError)
 503     unavailable             the runtime is not open, the database is unreachable, a
                                 session actor died or cannot be reached, a deployment is
                                 down or over its queue (UnavailableError, StorageError,
                                 Ray's actor errors, Serve's unavailable and back-pressure
                                 errors)
 504     timeout                 something behind the route did not answer in time
-                                (TimeoutError, Ray's GetTimeoutError)
+                                (TimeoutError, Ray's GetTimeoutError), or accepted work
+                                reached its own deadline (DeadlineExceededError: its message
+                                says whose and what it waited for)
 
 What a client reads is decided here, and only here. An error from a session actor or a
 deployment arrives wrapped by Ray (``RayTaskError``: its ``str`` is the remote traceback, with
@@ -41,11 +45,12 @@ event too), and :func:`report` writes the full detail (the traceback, Ray's text
 from __future__ import annotations
 
 import logging
+import math
 import re
 import uuid
 from collections.abc import Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -72,9 +77,11 @@ from cortex_ray import (
     AccessDeniedError,
     ConflictError,
     CortexError,
+    DeadlineExceededError,
     InvalidRequestError,
     ModelError,
     NotFoundError,
+    OverloadedError,
     StorageError,
     UnavailableError,
 )
@@ -87,6 +94,7 @@ __all__ = [
     "Problem",
     "correlation_id",
     "error_response",
+    "headers_of",
     "install_error_handlers",
     "report",
     "root_cause",
@@ -159,6 +167,8 @@ class Problem:
     code: str
     message: str
     correlation_id: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Headers the response carries (``Retry-After`` of an overload)."""
 
 
 # correlation ids ---------------------------------------------------------------------------
@@ -210,7 +220,9 @@ class CorrelationMiddleware:
                 log.error("%s failed mid-response [correlation_id=%s]", what, cid, exc_info=exc)
                 return
             problem = report(exc, what=what)
-            response = error_response(problem.status, problem.message, code=problem.code)
+            response = error_response(
+                problem.status, problem.message, code=problem.code, headers=problem.headers
+            )
             await response(scope, receive, send_with_id)
         finally:
             _current.reset(token)
@@ -255,6 +267,7 @@ _CORTEX_STATUS: tuple[tuple[type[CortexError], int], ...] = (  # first match win
     (AccessDeniedError, 403),
     (ConflictError, 409),
     (ModelError, 502),
+    (DeadlineExceededError, 504),
     (StorageError, 503),
     (UnavailableError, 503),
 )
@@ -304,8 +317,19 @@ def _classify(cause: BaseException) -> tuple[int, str]:
 def status_of(exc: BaseException) -> tuple[int, str, str]:
     """(HTTP status, code, message) for an error raised behind a route (Ray's wrappers
     taken off first). Logs nothing: :func:`report` does."""
-    status, message = _classify(root_cause(exc))
-    return status, _CODES[status], message
+    cause = root_cause(exc)
+    status, message = _classify(cause)
+    code = "overloaded" if isinstance(cause, OverloadedError) else _CODES[status]
+    return status, code, message
+
+
+def headers_of(exc: BaseException) -> dict[str, str]:
+    """Headers an error's response carries: ``Retry-After`` (whole seconds) of an
+    overload."""
+    cause = root_cause(exc)
+    if isinstance(cause, OverloadedError):
+        return {"Retry-After": str(max(1, math.ceil(cause.retry_after_s)))}
+    return {}
 
 
 def _detail(exc: BaseException) -> str:
@@ -328,7 +352,7 @@ def report(exc: BaseException, *, what: str) -> Problem:
             "%s refused: %d %s [correlation_id=%s]: %s",
             what, status, code, cid, _detail(exc), extra=extra,
         )  # fmt: skip
-    return Problem(status, code, message, cid)
+    return Problem(status, code, message, cid, headers_of(exc))
 
 
 # responses ---------------------------------------------------------------------------------
@@ -398,7 +422,9 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_error(request: Request, exc: Exception) -> JSONResponse:
     problem = report(exc, what=f"{request.method} {request.url.path}")
-    return error_response(problem.status, problem.message, code=problem.code)
+    return error_response(
+        problem.status, problem.message, code=problem.code, headers=problem.headers
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

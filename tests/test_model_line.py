@@ -142,13 +142,13 @@ async def test_the_real_replica_serves_a_foreground_call_before_queued_backgroun
         assert isinstance(result, dict), result
         done.append(name)
 
-    await server._model_free.acquire()  # a generation in progress
+    await server._line.model.acquire()  # a generation in progress
     calls = []
     for name, priority in (("bg1", BACKGROUND_PRIORITY), ("bg2", BACKGROUND_PRIORITY), ("fg", 0)):
         calls.append(asyncio.create_task(call(name, priority)))
         await asyncio.sleep(0.05)
     assert (await server.load())["in_flight"] == 3  # all three wait: the model is taken
-    server._model_free.release()
+    server._line.model.release()
     await asyncio.gather(*calls)
     assert done[0] == "fg"
     assert sorted(done) == ["bg1", "bg2", "fg"]

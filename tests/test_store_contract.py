@@ -373,6 +373,23 @@ async def test_turns_are_accepted_in_order_for_the_sessions_caller_only(
     assert len(await turns.history(org, session.id)) == 4
 
 
+async def test_work_in_progress_counts_running_runs_and_turns_not_ended(
+    backend: Backend, org: str
+) -> None:
+    """Admission's count: RUNNING runs and turns not ended that are recent (or leased), in
+    every organisation (the real database is shared by the suite: the test reads changes,
+    not totals)."""
+    store, turns = backend.store, backend.turns
+    before = await store.work_in_progress(60)
+    agent = await store.create_agent(_agent(org))
+    run = await store.create_run(_run(org, agent))
+    session = await store.create_session(Session(org_id=org, agent_id=agent.id, caller_id="a"))
+    await turns.accept(org, session.id, "a", "hi")
+    assert await store.work_in_progress(60) == before + 2
+    await store.fail_run(org, run.id, "done with it")
+    assert await store.work_in_progress(60) == before + 1
+
+
 # API keys -------------------------------------------------------------------------------
 
 

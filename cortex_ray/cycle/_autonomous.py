@@ -6,6 +6,10 @@ writes nothing more and stops (``LeaseLost``). A run can be resumed from its led
 ``resume`` continues after the last recorded step. Each attempt has its diagnostic
 timeline, its span (one trace for every attempt of a run) and its cost, added to the
 run's.
+
+Each step has a deadline, ``runs.step_deadline_s`` from its start or the run's own
+``deadline_at`` if sooner: its model calls wait for a model over capacity until then
+(``cortex_ray.models.waiting_until``), and past it the run ends FAILED saying so.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import AbstractContextManager
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-from cortex_ray._exceptions import LeaseLost
+from cortex_ray._exceptions import DeadlineExceededError, LeaseLost
 from cortex_ray._types import Agent, Observation, RunCost, RunStatus, Step, TaskRun, utcnow
 from cortex_ray.act import ToolDispatcher
 from cortex_ray.cycle._approvals import RunApprovals
@@ -33,6 +39,7 @@ from cortex_ray.cycle._runs import (
 from cortex_ray.cycle._watch import LoopWatch, report_loop
 from cortex_ray.governance import Approval, WorkflowStore, WorkflowVersion
 from cortex_ray.learn import Learner
+from cortex_ray.models import Deadline, waiting_until
 from cortex_ray.observability import (
     GEN_AI_AGENT_ID,
     GEN_AI_AGENT_NAME,
@@ -282,9 +289,18 @@ class AutonomousLoop:
                     return _ended(span, agent, await self._capped(agent, run, lease, steps), steps)
                 if timeline is not None:
                     timeline.step = step_index
-                step, final = await self._run_step(
-                    agent, run, lease, step_index, observations, on_step, approved, workflow
-                )
+                try:
+                    with self._step_deadline(run):
+                        step, final = await self._run_step(
+                            agent, run, lease, step_index, observations, on_step, approved,
+                            workflow,
+                        )  # fmt: skip
+                except DeadlineExceededError as exc:
+                    ended = await finish_run(
+                        self._learner, agent, run, lease, RunStatus.FAILED,
+                        reason=f"step {step_index + 1}: {exc}",
+                    )  # fmt: skip
+                    return _ended(span, agent, ended, steps)
                 approved = None
                 if step is None:  # paused on an approval request: no step recorded yet
                     assert final is not None
@@ -308,6 +324,16 @@ class AutonomousLoop:
             end_run_span(span, final)
             run_done(agent, final)
         return final.model_copy(update={"steps": tuple(steps)})
+
+    def _step_deadline(self, run: TaskRun) -> AbstractContextManager[Deadline]:
+        """The step's deadline for its model calls: ``step_deadline_s`` from now, or the
+        run's own if sooner."""
+        limit = self._policy.step_deadline_s
+        step_end = utcnow() + timedelta(seconds=limit)
+        if run.deadline_at is not None and run.deadline_at < step_end:
+            at = run.deadline_at.isoformat(timespec="seconds")
+            return waiting_until(run.deadline_at, f"the run's deadline {at}")
+        return waiting_until(step_end, f"the step's deadline ({limit:g} s)")
 
     async def _attempt_traced(self, run: TaskRun, span: Any) -> TaskRun:
         """Keep the attempt's span id on the run (a later attempt links to it), when the

@@ -112,6 +112,7 @@ class DecisionCycle:
             ),
             step=self._step,
             timelines=timelines,
+            deadline_s=settings.sessions.turn_deadline_s,
         )
 
     async def step(

@@ -6,12 +6,17 @@ dialogue action), learned once per turn.
 each round's tool call carries the idempotency key ``f"turn:{turn_id}:{round}"`` (the same
 on a retried attempt), and the turn's row ends DONE, with its events, in the transaction
 that records the turn.
+
+A turn has a deadline, ``deadline_s`` after it was accepted: its model calls wait for a
+model over capacity until then (``cortex_ray.models.waiting_until``), and past it the turn
+raises ``DeadlineExceededError`` saying so (its executor ends it FAILED with that reason).
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 
 from cortex_ray._exceptions import AccessDeniedError, ConflictError, InvalidRequestError
 from cortex_ray._types import (
@@ -29,6 +34,7 @@ from cortex_ray._types import (
     TurnEventKind,
     TurnResult,
     WorkingMemory,
+    utcnow,
 )
 from cortex_ray.act import InvocationContext, ToolDispatcher
 from cortex_ray.cycle._approvals import TurnApprovals
@@ -37,6 +43,7 @@ from cortex_ray.cycle._runs import Timelines
 from cortex_ray.cycle._step import Decide, SharedStep, decided
 from cortex_ray.decide import InteractiveDriver
 from cortex_ray.learn import Learner
+from cortex_ray.models import waiting_until
 from cortex_ray.observability import (
     GEN_AI_AGENT_ID,
     GEN_AI_AGENT_NAME,
@@ -91,7 +98,9 @@ class InteractiveTurn:
         approvals: TurnApprovals,
         step: SharedStep,
         timelines: Timelines,
+        deadline_s: float = 900.0,
     ) -> None:
+        self._deadline_s = deadline_s
         self._max_tool_rounds = max_tool_rounds
         self._conversation_window = conversation_window
         self._store = store
@@ -119,8 +128,14 @@ class InteractiveTurn:
         )
         with diagnostics.timeline(timeline):
             diagnostics.note("request", message=message, caller=caller.id)
+            accepted = lease.turn.accepted_at if lease is not None else utcnow()
+            deadline = accepted + timedelta(seconds=self._deadline_s)
+            what = f"the turn's deadline ({self._deadline_s:g} s after it was accepted)"
             try:
-                result = await self._turn(session, caller, message, lease=lease, on_event=on_event)
+                with waiting_until(deadline, what):
+                    result = await self._turn(
+                        session, caller, message, lease=lease, on_event=on_event
+                    )
             except BaseException as exc:
                 diagnostics.note("failure", error=f"{type(exc).__name__}: {exc}")
                 if timeline is not None:

@@ -10,6 +10,13 @@ from cortex_ray.models._backends import (
     open_models,
     register_backend,
 )
+from cortex_ray.models._capacity import (
+    CapacityReporter,
+    Deadline,
+    ModelCapacity,
+    current_deadline,
+    waiting_until,
+)
 from cortex_ray.models._guard import (
     check_model_request,
     is_local_model_url,
@@ -56,13 +63,16 @@ __all__ = [
     "PACKAGED_MODELS",
     "TEST_MODEL_NAME",
     "BackendOpener",
+    "CapacityReporter",
     "ChatMessage",
     "ChatRequest",
     "ChatResponse",
     "CrossEncoderReranker",
+    "Deadline",
     "Embedder",
     "HashEmbedder",
     "ModelBackend",
+    "ModelCapacity",
     "ModelClient",
     "ModelPart",
     "ModelParts",
@@ -77,6 +87,7 @@ __all__ = [
     "Usage",
     "backend_names",
     "check_model_request",
+    "current_deadline",
     "embed",
     "embedder_name",
     "is_local_model_url",
@@ -91,4 +102,5 @@ __all__ = [
     "request_digest",
     "set_allow_model_requests",
     "structured_call",
+    "waiting_until",
 ]

@@ -36,6 +36,7 @@ __all__ = [
     "MODEL_TOKENS",
     "PHASE_DURATION",
     "RUNS_FINISHED",
+    "RUNS_REJECTED",
     "RUNS_STARTED",
     "SESSION_ACTORS",
     "SESSION_PASSIVATIONS",
@@ -93,6 +94,10 @@ def _histogram(
 
 
 RUNS_STARTED = _counter("cortex_runs_started", "Task runs submitted", "org", "agent")
+RUNS_REJECTED = _counter(
+    "cortex_runs_rejected", "Runs refused before they were recorded (503: at capacity)", "org",
+    "reason",
+)  # fmt: skip
 RUNS_FINISHED = _counter(
     "cortex_runs_finished", "Task runs ended, by outcome (COMPLETED, FAILED, CANCELLED)",
     "org", "agent", "outcome",
@@ -140,7 +145,7 @@ TURNS_FINISHED = _counter(
 )  # fmt: skip
 TURNS_REJECTED = _counter(
     "cortex_turns_rejected", "Messages refused before they became a turn (409: the session is "
-    "busy or ended)", "org", "reason",
+    "busy or ended; 503: at capacity)", "org", "reason",
 )  # fmt: skip
 SESSION_ACTORS = MetricSpec(
     "cortex_session_actors", "gauge", "Session actors this directory knows, by state (live, warm)",
@@ -167,6 +172,7 @@ KNOWLEDGE_SEARCH_DURATION = _histogram(
 
 METRICS: tuple[MetricSpec, ...] = (
     RUNS_STARTED,
+    RUNS_REJECTED,
     RUNS_FINISHED,
     STEPS,
     TOOL_CALLS,

@@ -50,6 +50,7 @@ from cortex_ray.models import (
 )
 from cortex_ray.observability import Tracing
 from cortex_ray.perceive import PromptComposer, ToolRetriever, WorkingMemoryAssembler
+from cortex_ray.runtime._admission import Admission
 from cortex_ray.runtime._agents import AgentUseCases
 from cortex_ray.runtime._evals import EvalUseCases
 from cortex_ray.runtime._execution import Execution
@@ -192,7 +193,11 @@ def wire(
     driver_id = f"{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:8]}"
     gate = AccessGate(store, registry, access)
     evals = EvalStore(db)
-    runs = RunUseCases(gate, store, cycle, settings, traces, driver_id)
+    admission = Admission(
+        store, model, settings.runs.max_in_progress, recent_s=settings.runs.orphan_grace_s,
+        deadline_s=min(settings.sessions.turn_deadline_s, settings.runs.step_deadline_s),
+    )  # fmt: skip
+    runs = RunUseCases(gate, store, cycle, settings, traces, driver_id, admission)
 
     def tools_of(connector: str) -> list[str]:
         """The names of the registered tools that belong to ``connector``."""
@@ -224,7 +229,7 @@ def wire(
         ),
         agents=AgentUseCases(gate, store, registry),
         runs=runs,
-        sessions=SessionUseCases(gate, store, turns, settings, traces),
+        sessions=SessionUseCases(gate, store, turns, settings, traces, admission),
         tools=ToolUseCases(gate, store, registry, dispatcher),
         memory_cases=MemoryUseCases(gate, memory),
         knowledge_cases=KnowledgeUseCases(gate, db, knowledge),

@@ -22,6 +22,7 @@ from cortex_ray.observability import (
     submission_span,
 )
 from cortex_ray.observability.diagnostics import Diagnosis
+from cortex_ray.runtime._admission import Admission
 from cortex_ray.runtime._follow import Drive, OnBusy
 from cortex_ray.runtime._follow import resume_or_wait as follow_run
 from cortex_ray.runtime._gate import UseCaseGate
@@ -108,6 +109,7 @@ class RunUseCases:
         settings: Settings,
         traces: Traces,
         driver_id: str,
+        admission: Admission | None = None,
     ) -> None:
         self.gate = gate
         self.store = store
@@ -115,6 +117,7 @@ class RunUseCases:
         self.settings = settings
         self.traces = traces
         self.driver_id = driver_id
+        self.admission = admission
 
     async def start_run(
         self,
@@ -129,7 +132,8 @@ class RunUseCases:
         principal: Principal | None = None,
         run_mode: RunMode = RunMode.EXECUTE,
     ) -> TaskRun:
-        """Validate and record a new RUNNING task run (nothing is executed yet; hand its id
+        """Validate, admit (``Admission``: ``OverloadedError`` at capacity, nothing
+        recorded) and record a new RUNNING task run (nothing is executed yet; hand its id
         to an ``Executor``, or call :meth:`drive_run`).
 
         ``caller_id`` is the person the run acts for; the calling principal is recorded as
@@ -185,6 +189,8 @@ class RunUseCases:
                 f"agent {agent.name!r} is {agent.mode.value}; "
                 "set its mode to AUTONOMOUS to run tasks"
             )
+        if self.admission is not None:  # last: a request that is wrong says so first
+            await self.admission.admit(org_id, "run")
         run_id = uuid4()
         with submission_span(
             f"submit_task {agent.name}",

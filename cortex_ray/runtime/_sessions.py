@@ -12,6 +12,7 @@ from cortex_ray._types import AgentMode, Principal, Session, SessionStatus
 from cortex_ray.access import UseCase
 from cortex_ray.observability import RunTrace, metrics
 from cortex_ray.observability.diagnostics import Diagnosis
+from cortex_ray.runtime._admission import Admission
 from cortex_ray.runtime._execution import follow_turn, wait_for_turn
 from cortex_ray.runtime._gate import UseCaseGate
 from cortex_ray.runtime._traces import Traces
@@ -45,12 +46,14 @@ class SessionUseCases:
         turns: TurnLog,
         settings: Settings,
         traces: Traces,
+        admission: Admission | None = None,
     ) -> None:
         self.gate = gate
         self.store = store
         self.turns = turns
         self.settings = settings
         self.traces = traces
+        self.admission = admission
 
     async def open_session(self, org_id: str, agent_ref: UUID | str, caller: Principal) -> Session:
         """Open a conversation between ``caller`` and an INTERACTIVE agent."""
@@ -91,16 +94,22 @@ class SessionUseCases:
         self, org_id: str, session_id: UUID, message: str, *, principal: Principal
     ) -> TurnRecord:
         """Admit a message and record it as the session's next turn (ACCEPTED), before any
-        reply: from here the turn is durable. Only the session's own caller, only while it
-        is open; an executor then drives it (``Executor.turn`` with its id).
+        reply: from here the turn is durable, and it ends by ``sessions.turn_deadline_s``.
+        Only the session's own caller, only while it is open, only while the models can
+        hold more work (``Admission``); an executor then drives it (``Executor.turn`` with
+        its id).
 
         Raises:
             ConflictError: The session has ended, or it already holds
                 ``sessions.max_pending_turns`` turns not ended (busy: try again later).
+            OverloadedError: At capacity (``runs.max_in_progress``, or the served model's
+                lines): nothing recorded, try again after its ``retry_after_s``.
             InvalidRequestError: The message is empty.
         """
         try:
             session = await self.authorize_turn(org_id, session_id, principal)
+            if self.admission is not None:
+                await self.admission.admit(org_id, "turn")
             return await self.turns.accept(
                 org_id,
                 session.id,

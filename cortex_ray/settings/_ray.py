@@ -71,6 +71,13 @@ class SessionPolicy(BaseModel):
         ge=1,
         description="turns one session holds (running + queued); one more → SessionBusyError",
     )
+    turn_deadline_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="an accepted turn ends within this long of its acceptance: a model call "
+        "that meets a model over capacity waits for its turn until then, and past it the turn "
+        "ends FAILED saying so (never a model error)",
+    )
     turn_lease_ttl_s: float = Field(
         default=30.0,
         gt=0,
@@ -175,6 +182,20 @@ class RunPolicy(BaseModel):
         ge=0,
         description="a RUNNING run without a live lease is resumed by the supervisor only when "
         "older than this (a run just submitted is about to be taken by its executor)",
+    )
+    step_deadline_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="a run step's model calls wait for a model over capacity at most this long "
+        "(or until the run's own deadline, if sooner); past it the run ends FAILED saying so",
+    )
+    max_in_progress: int = Field(
+        default=0,
+        ge=0,
+        description="admission: turns not ended and RUNNING runs at once, across organisations; "
+        "one more turn or run is refused (503 overloaded, Retry-After) before anything is "
+        "stored; 0: the served model's capacity (replicas × (1 + max_waiting)), no limit "
+        "with other model backends",
     )
     schedule_poll_s: float = Field(
         default=1.0,

@@ -27,6 +27,7 @@ from cortex_ray.storage._protocols import (
     TraceReader,
     TurnLog,
     UnitOfWork,
+    WorkCounter,
 )
 from cortex_ray.storage._stores import AuditEntry, Store
 from cortex_ray.storage._turns import (
@@ -70,6 +71,7 @@ __all__ = [
     "TurnStatus",
     "TurnStore",
     "UnitOfWork",
+    "WorkCounter",
     "exhausted_reason",
     "fenced",
     "migrate",

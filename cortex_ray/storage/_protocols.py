@@ -108,6 +108,17 @@ class AgentStore(Protocol):
         ...
 
 
+class WorkCounter(Protocol):
+    """What admission counts before it accepts more work (``cortex_ray.runtime``)."""
+
+    async def work_in_progress(self, recent_s: float) -> int:
+        """Work that holds the shared models or is about to, in every organisation (a
+        number, no row of anyone's): RUNNING runs with a live lease or created in the last
+        ``recent_s``; turns not ended with a live lease, accepted in the last ``recent_s``,
+        or queued behind a live turn of their session."""
+        ...
+
+
 class RunStore(Protocol):
     """Task runs as the use cases see them (the executor's ledger writes are not here)."""
 

@@ -169,6 +169,35 @@ class RunRows(AuditRows):
             raise NotFoundError(f"task run {run_id} not found in organisation {org_id!r}")
         return RunStatus(row["status"])
 
+    async def work_in_progress(self, recent_s: float) -> int:
+        """Work that holds the shared models or is about to (``WorkCounter``), across
+        organisations: RUNNING runs with a live lease or created in the last ``recent_s``,
+        and turns not ended that hold a live lease, were accepted in the last ``recent_s``,
+        or wait behind a live turn of their session. Orphans nobody drives (the
+        supervisor's to resume) hold nothing until they are taken again."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT (SELECT count(*) FROM task_runs
+                        WHERE status = 'RUNNING'
+                          AND ((lease_owner IS NOT NULL AND lease_expires_at > now())
+                               OR created_at > now() - make_interval(secs => %(recent)s)))
+                     + (SELECT count(*) FROM session_turns t
+                        WHERE t.status IN ('ACCEPTED', 'RUNNING')
+                          AND (t.lease_expires_at > now()
+                               OR t.accepted_at > now() - make_interval(secs => %(recent)s)
+                               OR EXISTS (
+                                   SELECT 1 FROM session_turns live
+                                   WHERE live.org_id = t.org_id
+                                     AND live.session_id = t.session_id
+                                     AND live.status = 'RUNNING'
+                                     AND live.lease_expires_at > now()))) AS n
+                """,
+                {"recent": recent_s},
+            )
+            row = await cur.fetchone()
+        return int(row["n"]) if row is not None else 0
+
     async def fail_run(self, org_id: str, run_id: UUID, reason: str) -> None:
         """Move a RUNNING run to FAILED with ``reason``; a terminal run stays as it is."""
         async with self.db.transaction() as conn:

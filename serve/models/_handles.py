@@ -10,30 +10,27 @@ no HTTP). Outside the cluster, the core's ``OpenAICompatibleEmbedder`` and
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, SecretStr
 
-from cortex_ray import ConfigurationError, ModelError, Runtime, Settings
+from cortex_ray import ConfigurationError, Runtime, Settings
 from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import (
-    ChatRequest,
-    ChatResponse,
     ModelBackend,
     ModelParts,
     ModelSlot,
-    ToolCall,
-    Usage,
     register_backend,
 )
 from cortex_ray.observability import outgoing_traceparent
 from cortex_ray.settings import setting_value
 from serve.models._builder import DEFAULT_MODELS_APP
+from serve.models._chat_client import HandleModelClient
+from serve.models._chat_client import answer_within as _answer
 from serve.models._config import (
     SETTINGS_MIRROR,
     EmbedderConfig,
@@ -42,13 +39,11 @@ from serve.models._config import (
 )
 from serve.models._embedder import EMBEDDER_NAME
 from serve.models._ingress import INGRESS_NAME
-from serve.models._llm import LLM_NAME, chat_backend
-from serve.models._openai import ChatCompletionRequest, Failure
+from serve.models._llm import LLM_NAME
 from serve.models._reranker import RERANKER_NAME, HandleReranker
 
 try:
     from ray import serve as ray_serve
-    from ray.exceptions import RayError
     from ray.serve.handle import DeploymentHandle
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("model serving needs Ray Serve: pip install 'cortex-ray[ray]'") from exc
@@ -65,30 +60,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("serve.models.handles")
-
-
-async def _answer(response: Any, timeout_s: float | None, what: str) -> Any:
-    """The result of a handle call, waited for at most ``timeout_s`` (``None``: no bound).
-
-    A deployment whose replicas are gone (their node died, or it cannot be placed) leaves a
-    handle call waiting for a replica with no end: the bound turns that into a ``ModelError``
-    (the request is cancelled), and so does a replica that died under the call, so a run
-    that depends on the model ends instead of hanging."""
-    try:
-        if timeout_s is None:
-            return await response
-        return await asyncio.wait_for(_awaited(response), timeout_s)
-    except TimeoutError:
-        cancel = getattr(response, "cancel", None)  # a DeploymentResponse; a coroutine was
-        if callable(cancel):  # cancelled by wait_for, and its handle call with it
-            cancel()
-        raise ModelError(f"{what}: no answer within {timeout_s:g} s (model_timeout_s)") from None
-    except RayError as exc:
-        raise ModelError(f"{what}: the deployment failed ({type(exc).__name__})") from exc
-
-
-async def _awaited(response: Any) -> Any:
-    return await response
 
 
 class HandleEmbedder:
@@ -124,95 +95,6 @@ class HandleEmbedder:
             "the embedder",
         )
         return out
-
-
-class HandleModelClient:
-    """Chats through the ``LLM`` deployment (llama.cpp or Ray Serve LLM) in the OpenAI
-    chat-completions format; schemas go as ``response_format``, as over HTTP.
-
-    A 503 ``model_overloaded`` (the replica's line is full, or a request waited its
-    ``queue_timeout_s``) is tried again up to ``overload_retries`` times, after
-    ``overload_backoff_s`` doubling, as the openai SDK does over HTTP; background work
-    (``priority`` above 0) is not retried: it has a fallback and would only add to the line.
-    """
-
-    def __init__(
-        self,
-        handle: DeploymentHandle[Any],
-        model_id: str,
-        *,
-        backend: Literal["llama_cpp", "vllm"] = "llama_cpp",
-        default_temperature: float = 0.0,
-        default_max_tokens: int = 512,
-        overload_retries: int = 3,
-        overload_backoff_s: float = 1.0,
-        timeout_s: float | None = None,
-    ) -> None:
-        self._backend = chat_backend(backend, handle)
-        self._timeout_s = timeout_s
-        self._overload_retries = overload_retries
-        self._overload_backoff_s = overload_backoff_s
-        self._model = model_id
-        self._temperature = default_temperature
-        self._max_tokens = default_max_tokens
-
-    @property
-    def name(self) -> str:
-        return self._model
-
-    @property
-    def supports_json_schema(self) -> bool:
-        return True
-
-    def _body(self, request: ChatRequest) -> ChatCompletionRequest:
-        body = request.to_openai(
-            self._model,
-            default_temperature=self._temperature,
-            default_max_tokens=self._max_tokens,
-        )
-        if request.priority:  # our own deployment's line honours it (to_openai leaves it out)
-            body["priority"] = request.priority
-        try:
-            return ChatCompletionRequest.model_validate(json.loads(json.dumps(body)))
-        except ValueError as exc:
-            raise ModelError(f"{self._model}: the request is not valid: {exc}") from exc
-
-    async def chat(self, request: ChatRequest) -> ChatResponse:
-        body = self._body(request)
-        retries = self._overload_retries if request.priority <= 0 else 0
-        delay = self._overload_backoff_s
-        for attempt in range(retries + 1):
-            result = await _answer(self._backend.chat(body), self._timeout_s, self._model)
-            if not isinstance(result, Failure):
-                break
-            if result.code != "model_overloaded" or attempt == retries:
-                raise ModelError(f"{self._model}: {result.message}")
-            log.info("%s over capacity; trying again in %.1f s", self._model, delay)
-            await asyncio.sleep(delay)
-            delay *= 2
-        assert not isinstance(result, Failure)
-        choice = result["choices"][0]
-        message = choice["message"]
-        calls = tuple(
-            ToolCall(
-                id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"] or "{}"
-            )
-            for c in message.get("tool_calls") or ()
-            if c.get("type", "function") == "function"
-        )
-        usage = result.get("usage") or {}
-        return ChatResponse(
-            content=message.get("content"),
-            tool_calls=calls,
-            finish_reason=choice.get("finish_reason"),
-            usage=Usage(
-                prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                completion_tokens=int(usage.get("completion_tokens", 0)),
-            ),
-        )
-
-    async def aclose(self) -> None:
-        """Nothing to close: the deployment outlives its callers."""
 
 
 @dataclass
@@ -292,6 +174,8 @@ async def _open_served(settings: Settings, slots: frozenset[ModelSlot]) -> Model
             handles.llm,
             llm.served_id,
             backend=llm.backend,
+            app_name=app,
+            deployment_name=LLM_NAME,
             default_temperature=settings.models.temperature,
             default_max_tokens=settings.models.max_tokens,
             timeout_s=settings.models.timeout_s,

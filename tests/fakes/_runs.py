@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -63,6 +64,17 @@ class Runs(Directory):
 
     async def run_status(self, org_id: str, run_id: UUID) -> RunStatus:
         return self._run(org_id, run_id).status
+
+    async def work_in_progress(self, recent_s: float) -> int:
+        # No leases here: what was created or accepted in the last ``recent_s`` counts.
+        since = utcnow() - timedelta(seconds=recent_s)
+        running = sum(
+            r.status is RunStatus.RUNNING and r.created_at > since for r in self.runs.values()
+        )
+        pending = sum(
+            t.status in _PENDING and t.accepted_at > since for ts in self.turns.values() for t in ts
+        )
+        return running + pending
 
     async def list_runs(
         self, org_id: str, agent_id: UUID | None = None, limit: int = 50
