@@ -22,6 +22,11 @@ status  code                    when
 504     timeout                 something behind the route did not answer in time
                                 (TimeoutError, Ray's GetTimeoutError)
 
+The model app answers the same body in OpenAI's dialect (``{"error": {"message", "type",
+"param", "code", "correlationId"}}``, :func:`openai_problem`); both are written by
+``serve._error_body``, which cannot fail (ASCII-escaped JSON, bounded messages, user input
+quoted truncated by :func:`quote`).
+
 What a client reads is decided here, and only here. An error from a session actor or a
 deployment arrives wrapped by Ray (``RayTaskError``: its ``str`` is the remote traceback, with
 colour codes, the worker's pid and IP and the actor's id and repr); :func:`root_cause` takes

@@ -114,6 +114,8 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
         exc.status_code
     )
     message = str(exc.detail)
+    if exc.status_code == 400 and "parsing the body" in message:  # not JSON (or not UTF-8)
+        message, code = "the body is not valid JSON", "invalid_json"
     if exc.status_code == 413 and (limit := request.scope.get("starlette.max_body_size")):
         message = f"the request body is larger than this server accepts ({limit} bytes)"
     return Failure(exc.status_code, message, type=kind, code=code).response()
