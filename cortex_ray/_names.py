@@ -19,7 +19,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
+from pydantic_core import PydanticCustomError
 
 from cortex_ray._exceptions import InvalidRequestError
 
@@ -100,5 +101,15 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
-SafeName = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
+def _safe(value: str) -> str:
+    if not is_safe_name(value):
+        raise PydanticCustomError("invalid_name", "a name is {rule}", {"rule": NAME_RULE})
+    return value
+
+
+SafeName = Annotated[
+    str,
+    AfterValidator(_safe),
+    Field(json_schema_extra={"pattern": NAME_PATTERN, "minLength": 1, "maxLength": 128}),
+]
 """A name in the safe set, as a pydantic field type (the HTTP bodies' names use it)."""

@@ -16,8 +16,9 @@ from pydantic import (
     model_validator,
 )
 
+from cortex_ray import NAME_PATTERN, is_safe_name
 from cortex_ray.evals import Check, EvalCase, EvalMode, EvalRunSummary, EvalSuite, EvalSuiteSummary
-from serve.schemas._common import Int, JsonObject, Name, SafeName, _Body, _clean, _Out, has_bad_text
+from serve.schemas._common import Int, JsonObject, Name, _Body, _clean, _Out, has_bad_text
 
 # evaluation ------------------------------------------------------------------------------
 # A suite's cases (their cassettes and checks) and what a suite run keeps are the core's
@@ -51,6 +52,17 @@ def _as_json(adapter: TypeAdapter[Any]) -> Any:
     return BeforeValidator(check)
 
 
+def _suite_name(value: str) -> str:
+    """The core's rule for a suite's name (``EvalSuite``: the safe set, at most 100), checked
+    on the field so that the refusal names it."""
+    if not is_safe_name(_clean(value)):
+        raise ValueError(
+            "a suite name is 1-100 letters, digits, '_', '.' or '-', starting with a letter "
+            "or digit"
+        )
+    return value
+
+
 JsonCase = Annotated[EvalCase, _as_json(TypeAdapter(EvalCase))]
 JsonCheck = Annotated[Check, _as_json(TypeAdapter(Check))]
 
@@ -66,8 +78,9 @@ class EvalSuiteCreate(_Body):
     and author are the server's; the same cases as the latest version are that version
     (nothing new is written)."""
 
-    name: SafeName = Field(
+    name: Annotated[str, AfterValidator(_suite_name)] = Field(
         max_length=100,
+        json_schema_extra={"pattern": NAME_PATTERN},
         description="1-100 letters, digits, '_', '.' or '-', starting with a letter or digit",
     )
     description: Description = ""
