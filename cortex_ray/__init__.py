@@ -22,6 +22,16 @@ from cortex_ray._exceptions import (
     StructuredOutputError,
     UnavailableError,
 )
+from cortex_ray._names import (
+    MAX_JSON_DEPTH,
+    NAME_PATTERN,
+    NAME_RULE,
+    SafeName,
+    check_name,
+    is_safe_name,
+    json_problem,
+    text_problem,
+)
 from cortex_ray._shutdown import (
     Interrupted,
     SignalGuard,
@@ -95,6 +105,9 @@ from cortex_ray.settings import (
 )
 
 __all__ = [
+    "MAX_JSON_DEPTH",
+    "NAME_PATTERN",
+    "NAME_RULE",
     "AccessDeniedError",
     "ActionType",
     "Agent",
@@ -142,6 +155,7 @@ __all__ = [
     "RunStatus",
     "RunSupervisor",
     "Runtime",
+    "SafeName",
     "ScoredMemory",
     "Session",
     "SessionPolicy",
@@ -163,11 +177,15 @@ __all__ = [
     "TurnResult",
     "UnavailableError",
     "WorkingMemory",
+    "check_name",
     "events_until",
+    "is_safe_name",
+    "json_problem",
     "load_settings",
     "reclaim_signals",
     "run_main",
     "run_stoppable",
     "stop_on_signals",
+    "text_problem",
 ]
 __version__ = "0.1.0"

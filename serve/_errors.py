@@ -26,6 +26,11 @@ status  code                    when
                                 reached its own deadline (DeadlineExceededError: its message
                                 says whose and what it waited for)
 
+The model app answers the same body in OpenAI's dialect (``{"error": {"message", "type",
+"param", "code", "correlationId"}}``, :func:`openai_problem`); both are written by
+``serve._error_body``, which cannot fail (ASCII-escaped JSON, bounded messages, user input
+quoted truncated by :func:`quote`).
+
 What a client reads is decided here, and only here. An error from a session actor or a
 deployment arrives wrapped by Ray (``RayTaskError``: its ``str`` is the remote traceback, with
 colour codes, the worker's pid and IP and the actor's id and repr); :func:`root_cause` takes
@@ -48,15 +53,15 @@ import logging
 import math
 import re
 import uuid
-from collections.abc import Mapping
-from contextvars import ContextVar
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from ray.exceptions import (
     GetTimeoutError,
     LocalRayletDiedError,
@@ -85,17 +90,33 @@ from cortex_ray import (
     StorageError,
     UnavailableError,
 )
-from serve.schemas import ApiError, ErrorBody, ErrorDetail
+from serve._error_body import (
+    CODES,
+    CORRELATION_HEADER,
+    clean_message,
+    correlation_id,
+    current_correlation,
+    error_response,
+    openai_error_response,
+    printable,
+    quote,
+)
+from serve.schemas import ErrorDetail
 
 __all__ = [
     "CORRELATION_HEADER",
     "ApiProblem",
     "CorrelationMiddleware",
     "Problem",
+    "correlated",
     "correlation_id",
     "error_response",
     "headers_of",
     "install_error_handlers",
+    "openai_error_response",
+    "openai_problem",
+    "printable",
+    "quote",
     "report",
     "root_cause",
     "status_of",
@@ -103,33 +124,10 @@ __all__ = [
 
 log = logging.getLogger("serve.api")
 
-CORRELATION_HEADER = "X-Correlation-Id"
-"""The response header naming the request's correlation id (also accepted on requests)."""
-
 _REQUEST_HEADERS = ("x-correlation-id", "x-request-id")
 _WELL_FORMED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
-_TRACEBACK_MARKS = ("Traceback (most recent call last)", 'File "')
-_MAX_MESSAGE = 1000
 _MAX_UNWRAP = 8
-
-_CODES = {
-    400: "bad_request",
-    401: "unauthenticated",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    406: "not_acceptable",
-    409: "conflict",
-    413: "payload_too_large",
-    415: "unsupported_media_type",
-    422: "invalid_request",
-    500: "internal_error",
-    502: "model_error",
-    503: "unavailable",
-    504: "timeout",
-}
+_CODES = CODES
 
 _INTERNAL = "internal error"
 _MODEL_FAILED = "the model backend failed; try again later"
@@ -140,7 +138,7 @@ _OVERLOADED = "the service is over its queue; try again later"
 _CANCELLED = "the request was cancelled before it finished"
 _TIMED_OUT = "the request did not finish in time; try again later"
 
-_current: ContextVar[str | None] = ContextVar("cortex_correlation_id", default=None)
+_current = current_correlation
 
 
 class ApiProblem(HTTPException):
@@ -174,11 +172,6 @@ class Problem:
 # correlation ids ---------------------------------------------------------------------------
 
 
-def correlation_id() -> str:
-    """The current request's correlation id (a new one outside a request)."""
-    return _current.get() or str(uuid.uuid4())
-
-
 def _requested_id(scope: Scope) -> str | None:
     headers = Headers(scope=scope)
     for name in _REQUEST_HEADERS:
@@ -188,18 +181,61 @@ def _requested_id(scope: Scope) -> str | None:
     return None
 
 
-class CorrelationMiddleware:
-    """Gives each HTTP request its correlation id (the client's, if well-formed), puts it on
-    the response, and renders what no exception handler caught as the 500 error body."""
+@asynccontextmanager
+async def correlated(scope: Scope, send: Send) -> AsyncIterator[Send]:
+    """The request's correlation id for what runs inside (``correlation_id()``), and a
+    ``send`` that puts it on the response: for a layer in front of an app's middleware
+    (``CorrelationMiddleware`` inside reuses the id)."""
+    if scope["type"] != "http" or _current.get() is not None:
+        yield send
+        return
+    cid = _requested_id(scope) or str(uuid.uuid4())
+    token = _current.set(cid)
 
-    def __init__(self, app: ASGIApp) -> None:
+    async def send_with_id(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = MutableHeaders(scope=message)
+            if CORRELATION_HEADER not in headers:
+                headers[CORRELATION_HEADER] = cid
+        await send(message)
+
+    try:
+        yield send_with_id
+    finally:
+        _current.reset(token)
+
+
+Render = Callable[["Problem"], Response]
+"""Writes a problem as an app's error body (the API's or the model app's dialect)."""
+
+
+def _api_body(problem: Problem) -> Response:
+    return error_response(
+        problem.status, problem.message, code=problem.code, headers=problem.headers
+    )
+
+
+def openai_problem(problem: Problem) -> Response:
+    """A problem in the model app's dialect (OpenAI's error body with the correlation id)."""
+    return openai_error_response(
+        problem.status, problem.message, code=problem.code, headers=problem.headers
+    )
+
+
+class CorrelationMiddleware:
+    """Gives each HTTP request its correlation id (the client's, if well-formed; the one an
+    outer layer already gave it), puts it on the response, and renders what no exception
+    handler caught as the 500 error body (``render``: the app's dialect)."""
+
+    def __init__(self, app: ASGIApp, render: Render = _api_body) -> None:
         self.app = app
+        self.render = render
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        cid = _requested_id(scope) or str(uuid.uuid4())
+        cid = _current.get() or _requested_id(scope) or str(uuid.uuid4())
         token = _current.set(cid)
         started = False
 
@@ -220,10 +256,7 @@ class CorrelationMiddleware:
                 log.error("%s failed mid-response [correlation_id=%s]", what, cid, exc_info=exc)
                 return
             problem = report(exc, what=what)
-            response = error_response(
-                problem.status, problem.message, code=problem.code, headers=problem.headers
-            )
-            await response(scope, receive, send_with_id)
+            await self.render(problem)(scope, receive, send_with_id)
         finally:
             _current.reset(token)
 
@@ -251,14 +284,7 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-def _clean(message: str, status: int) -> str:
-    """A message fit for a client: no colour codes or control characters, one line, bounded;
-    a message that carries a traceback is replaced (the log has it)."""
-    text = _CONTROL.sub(" ", _ANSI.sub("", message))
-    text = " ".join(text.split())
-    if not text or any(mark in text for mark in _TRACEBACK_MARKS):
-        return _INTERNAL if status >= 500 else _CODES.get(status, "error").replace("_", " ")
-    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 1] + "…"
+_clean = clean_message
 
 
 _CORTEX_STATUS: tuple[tuple[type[CortexError], int], ...] = (  # first match wins
@@ -333,7 +359,11 @@ def headers_of(exc: BaseException) -> dict[str, str]:
 
 
 def _detail(exc: BaseException) -> str:
-    return f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose __str__ fails must not stop its report
+        text = "<unprintable>"
+    return printable(f"{type(exc).__module__}.{type(exc).__qualname__}: {text}")
 
 
 def report(exc: BaseException, *, what: str) -> Problem:
@@ -341,6 +371,7 @@ def report(exc: BaseException, *, what: str) -> Problem:
     a server error (5xx) with its traceback at ERROR, a refusal (4xx) at INFO."""
     cid = correlation_id()
     status, code, message = status_of(exc)
+    what = printable(what, 300)
     extra = {"correlation_id": cid, "status": status, "code": code}
     if status >= 500:
         log.error(
@@ -356,31 +387,6 @@ def report(exc: BaseException, *, what: str) -> Problem:
 
 
 # responses ---------------------------------------------------------------------------------
-
-
-def error_response(
-    status_code: int,
-    message: str,
-    *,
-    code: str | None = None,
-    details: list[ErrorDetail] | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> JSONResponse:
-    """The error body, with the request's correlation id in it and in its header."""
-    cid = correlation_id()
-    body = ApiError(
-        error=ErrorBody(
-            code=code or _CODES.get(status_code, "error"),
-            message=message,
-            details=details or [],
-            correlation_id=cid,
-        )
-    )
-    return JSONResponse(
-        body.model_dump(mode="json", by_alias=True),
-        status_code=status_code,
-        headers={**(headers or {}), CORRELATION_HEADER: cid},
-    )
 
 
 def _validation_details(errors: list[dict[str, Any]]) -> list[ErrorDetail]:

@@ -311,8 +311,23 @@ async def test_bad_input_is_refused_with_a_reason(writer, service, org) -> None:
         writer.write_passages(run.generation, run.sources["guide.md"], [])
     with pytest.raises(InvalidRequestError, match="query is empty"):
         await service.search(org, "   ")
-    with pytest.raises(InvalidRequestError, match="invalid organisation or collection"):
-        writer.begin_generation(org, "no spaces allowed")
+    # a new collection's name is in the core's safe set: addressable in a path as it is
+    for name in ("no spaces allowed", "a/b", "../up"):
+        with pytest.raises(InvalidRequestError, match=r"collection name .*: 1 to 128 characters"):
+            writer.begin_generation(org, name)
+
+
+async def test_a_collection_named_before_the_safe_set_keeps_being_written(
+    writer, service, org, db: Database
+) -> None:
+    async with db.connection() as conn:  # made when ':' was allowed (the table still allows it)
+        await conn.execute("INSERT INTO organisations (id) VALUES (%s)", (org,))
+        await conn.execute(
+            "INSERT INTO kb_collections (org_id, name) VALUES (%s, %s)", (org, "team:docs")
+        )
+    ingest(writer, org, "team:docs", {"guide.md": GUIDE_V1})
+    hits = await service.search(org, "guide", collection=["team:docs"])
+    assert hits.hits and {h.collection for h in hits.hits} == {"team:docs"}
 
 
 async def test_citations_read_back_from_the_file(writer, service, org, tmp_path: Path) -> None:

@@ -118,7 +118,10 @@ async def _key(store: Store, org: str, name: str = "models") -> str:
 def _error(r: httpx2.Response, status: int, code: str) -> dict[str, Any]:
     assert r.status_code == status, (r.status_code, r.text)
     body: dict[str, Any] = r.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    # OpenAI's body, plus the correlation id the X-Correlation-Id header names too
+    fields = {"message", "type", "param", "code", "correlationId"}
+    assert set(body) == {"error"} and set(body["error"]) == fields
+    assert body["error"]["correlationId"] == r.headers["x-correlation-id"]
     assert body["error"]["code"] == code, body
     return body
 

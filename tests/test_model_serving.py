@@ -202,7 +202,9 @@ def assert_error(r: httpx2.Response, status: int, code: str | None, conforms: An
     assert r.status_code == status, (r.status_code, r.text)
     body = r.json()
     conforms(body, "ErrorResponse")
-    assert set(body["error"]) == {"message", "type", "param", "code"}
+    # OpenAI's body, plus the correlation id the X-Correlation-Id header names too
+    assert set(body["error"]) == {"message", "type", "param", "code", "correlationId"}
+    assert body["error"]["correlationId"] == r.headers["x-correlation-id"]
     assert body["error"]["message"]
     if code is not None:
         assert body["error"]["code"] == code, body

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from cortex_ray._exceptions import InvalidRequestError, NotFoundError
+from cortex_ray._names import check_name, is_safe_name
 from cortex_ray._sync import SyncConn, SyncConnection
 from cortex_ray.knowledge._types import Generation, SourceVersion
 
@@ -45,6 +46,8 @@ class WriterConnection(SyncConnection):
         # Once per writer: collections are never deleted while a job writes into them.
         if (org_id, collection) in self._ensured:
             return
+        if not is_safe_name(collection) and not self._collection_exists(org_id, collection):
+            check_name("collection", collection)  # a new one: addressable in a path as it is
         try:
             self.conn.execute(
                 "INSERT INTO organisations (id) VALUES (%s) ON CONFLICT DO NOTHING", (org_id,)
@@ -58,6 +61,14 @@ class WriterConnection(SyncConnection):
                 f"invalid organisation or collection name: {org_id!r}, {collection!r}"
             ) from exc
         self._ensured.add((org_id, collection))
+
+    def _collection_exists(self, org_id: str, collection: str) -> bool:
+        """Whether the collection exists (one made before the safe set of names keeps being
+        written)."""
+        row = self.conn.execute(
+            "SELECT 1 FROM kb_collections WHERE org_id = %s AND name = %s", (org_id, collection)
+        ).fetchone()
+        return row is not None
 
     def _generation(self, generation: Generation | int) -> Generation:
         if isinstance(generation, Generation):

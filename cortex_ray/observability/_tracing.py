@@ -63,8 +63,20 @@ def _when(ns: int | None) -> datetime:
     return datetime.fromtimestamp((ns or 0) / 1e9, UTC)
 
 
+def _storable(value: Any) -> Any:
+    """Text PostgreSQL keeps (in ``text`` and ``jsonb``): a NUL or a lone surrogate (a
+    request's path may hold either) written as U+FFFD, so that one span cannot lose its
+    whole batch."""
+    if isinstance(value, str):
+        value = value.replace("\x00", "\ufffd")
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, (list, tuple)):
+        return [_storable(v) for v in value]
+    return value
+
+
 def _jsonable(attributes: Any) -> dict[str, Any]:
-    return {k: list(v) if type(v) is tuple else v for k, v in attributes.items()}
+    return {_storable(k): _storable(v) for k, v in attributes.items()}
 
 
 def span_row(span: ReadableSpan) -> tuple[Any, ...]:
@@ -83,12 +95,12 @@ def span_row(span: ReadableSpan) -> tuple[Any, ...]:
         format(ctx.trace_id, "032x"),
         format(ctx.span_id, "016x"),
         format(span.parent.span_id, "016x") if span.parent is not None else None,
-        span.name,
+        _storable(span.name),
         span.kind.name,
         _when(span.start_time),
         _when(span.end_time),
         span.status.status_code.name,
-        span.status.description,
+        _storable(span.status.description),
         json.dumps(attributes, default=str),
         json.dumps(links) if links else "[]",
         attributes.get("cortex.org_id"),

@@ -9,6 +9,7 @@ from uuid import UUID
 from pydantic import ValidationError
 
 from cortex_ray._exceptions import InvalidRequestError
+from cortex_ray._names import check_name
 from cortex_ray._types import Agent, AgentChanges, AgentMode, Grant, Principal
 from cortex_ray.access import UseCase
 from cortex_ray.act import BUILTIN_TOOL_NAMES, ToolRegistry
@@ -57,8 +58,9 @@ class AgentUseCases:
         ``tools`` need not name ``reply``: an INTERACTIVE agent always answers the person it
         talks with, whatever its tool set and grant (``cortex_ray.access``: dialogue is the
         conversation's, not a grant's), so ``tools=["current_time"]`` is a working chat."""
-        args = {"name": name, "mode": mode.value}
+        args = {"name": name[:200], "mode": mode.value}
         caller = await self.gate.authorize(principal, UseCase.AGENTS_CREATE, org_id, args=args)
+        name = check_name("agent", name.strip())  # addressable in a path as it is
         tool_names = tuple(tools) if tools is not None else BUILTIN_TOOL_NAMES
         self._check_tools(tool_names)
         try:

@@ -36,6 +36,7 @@ from starlette.types import Receive, Scope, Send
 from cortex_ray import Principal, load_settings
 from cortex_ray.observability import outgoing_traceparent
 from cortex_ray.storage import Database, Store
+from serve._errors import CorrelationMiddleware, correlated, openai_problem, report
 from serve._tracing import TraceRequests
 from serve.models._config import IngressConfig, ModelServingConfig
 from serve.models._llm import ChatBackend, chat_backend
@@ -67,6 +68,7 @@ INGRESS_NAME = "ModelIngress"
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+_UNREADABLE = frozenset({"invalid_text", "string_unicode"})
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:
@@ -74,6 +76,8 @@ def _param(loc: tuple[Any, ...]) -> str | None:
     union-branch tags pydantic adds (``str``, ``list[str]``, ``_RerankDocument``, ...)."""
     out = ""
     for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, str) and part.endswith("[key]"):
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         elif part in _TYPE_TAGS or "[" in part or part[:1].isupper() or part.startswith("_"):
@@ -89,6 +93,11 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return Failure(400, "the body is not valid JSON", code="invalid_json").response()
+    unreadable = [e for e in errors if e.get("type") in _UNREADABLE]
+    if unreadable:  # text no model can read: 422, as the API answers it
+        param = _param(tuple(unreadable[0].get("loc", ())))
+        message = f"{param}: {unreadable[0].get('msg')}" if param else "text cannot be read"
+        return Failure(422, message, param=param, code="invalid_text").response()
     param = _param(tuple(first.get("loc", ())))
     kind = str(first.get("type", ""))
     code = "invalid_type" if kind.endswith("_type") else "invalid_value"
@@ -105,6 +114,8 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
         exc.status_code
     )
     message = str(exc.detail)
+    if exc.status_code == 400 and "parsing the body" in message:  # not JSON (or not UTF-8)
+        message, code = "the body is not valid JSON", "invalid_json"
     if exc.status_code == 413 and (limit := request.scope.get("starlette.max_body_size")):
         message = f"the request body is larger than this server accepts ({limit} bytes)"
     return Failure(exc.status_code, message, type=kind, code=code).response()
@@ -118,9 +129,10 @@ async def _on_failure(request: Request, exc: Exception) -> JSONResponse:
     return response
 
 
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return Failure(500, "internal error", type="server_error", code="internal_error").response()
+async def _on_unexpected(request: Request, exc: Exception) -> Response:
+    """Anything else: logged with its traceback under the correlation id (``report``)."""
+    problem = report(exc, what=f"{request.method} {request.url.path}")
+    return openai_problem(problem)
 
 
 def _sse(item: dict[str, Any]) -> str:
@@ -197,6 +209,11 @@ class _GuardedApp(FastAPI):
     _in_flight: dict[str, int]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Every answer, the guards' too, carries the request's correlation id.
+        async with correlated(scope, send) as send_with_id:
+            await self._guarded(scope, receive, send_with_id)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
@@ -324,6 +341,7 @@ def create_model_app(
     else:
         log.info("model routes require API keys (the API's key store)")
     app.add_middleware(TraceRequests, prefix="/v1/")
+    app.add_middleware(CorrelationMiddleware, render=openai_problem)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)
     app.add_exception_handler(FailureError, _on_failure)

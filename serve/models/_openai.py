@@ -1,7 +1,9 @@
 """The OpenAI-compatible wire format: request bodies (validated strictly), a few response
 pieces, and OpenAI's error body.
 
-Every refusal is ``{"error": {"message", "type", "param", "code"}}``, as OpenAI sends it:
+Every refusal is ``{"error": {"message", "type", "param", "code", "correlationId"}}``: OpenAI's
+body plus the request's correlation id (also the ``X-Correlation-Id`` header), rendered by
+``serve._error_body`` as the API's is (bounded, valid UTF-8, user input quoted truncated):
 
 status  type                    code                        when
 400     invalid_request_error   invalid_value / invalid_type a field is missing, has the
@@ -13,6 +15,9 @@ status  type                    code                        when
 400     invalid_request_error   context_length_exceeded     the prompt does not fit the model
 400     invalid_request_error   unsupported_parameter       a parameter this backend ignores
                                                             would change the answer
+422     invalid_request_error   invalid_text                a string (anywhere, keys of free-form
+                                                            objects too) holds a NUL or a lone
+                                                            surrogate: text no model can read
 404     invalid_request_error   model_not_found             unknown ``model``
 404     invalid_request_error   not_found                   unknown route
 503     server_error            model_unavailable           the model is not deployed or
@@ -26,10 +31,15 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import StrictStr as _StrictStr
+from pydantic_core import PydanticCustomError
+
+from cortex_ray import json_problem, text_problem
+from serve._error_body import openai_body, openai_error_response, quote
 
 __all__ = [
     "ChatCompletionRequest",
@@ -57,23 +67,21 @@ class Failure:
     code: str | None = None
 
     def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        """The error body (with the request's correlation id), bounded and valid UTF-8."""
+        return openai_body(
+            self.message, status=self.status, type=self.type, param=self.param, code=self.code
+        )
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return openai_error_response(
+            self.status, self.message, type=self.type, param=self.param, code=self.code
+        )
 
     @staticmethod
     def unknown_model(model: str, known: list[str]) -> Failure:
         return Failure(
             404,
-            f"The model '{model}' does not exist. Models served here: {', '.join(known)}",
+            f"The model {quote(model)} does not exist. Models served here: {', '.join(known)}",
             param="model",
             code="model_not_found",
         )
@@ -99,6 +107,26 @@ def completion_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
+
+
+def _text(value: str) -> str:
+    if (reason := text_problem(value)) is not None:
+        raise PydanticCustomError("invalid_text", reason)
+    return value
+
+
+def _json(value: dict[str, Any]) -> dict[str, Any]:
+    if (reason := json_problem(value)) is not None:
+        raise PydanticCustomError("invalid_text", reason)
+    return value
+
+
+StrictStr = Annotated[_StrictStr, AfterValidator(_text)]
+"""A string of text that can be read: no NUL, no lone surrogate (the core's
+``text_problem``; refused with 422, as on the API)."""
+
+JsonDict = Annotated[dict[str, Any], AfterValidator(_json)]
+"""A free-form JSON object whose every key and string is such text."""
 
 
 class _Body(BaseModel):
@@ -171,7 +199,7 @@ class ChatMessageIn(_Body):
 class _FunctionDefinition(_Body):
     name: StrictStr = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: StrictStr | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonDict | None = None
     strict: bool | None = None
 
 
@@ -183,7 +211,7 @@ class ToolDefinition(_Body):
 class _JsonSchemaFormat(_Body):
     name: StrictStr = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: StrictStr | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: JsonDict | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
@@ -198,7 +226,7 @@ class _StreamOptions(_Body):
 
 class _NamedToolChoice(_Body):
     type: Literal["function"]
-    function: dict[str, StrictStr]
+    function: dict[StrictStr, StrictStr]
 
 
 class ChatCompletionRequest(_Body):

@@ -1,57 +1,37 @@
 """What every body shares: camelCase on the wire, unknown request fields refused, free
 text without NUL characters or lone surrogates (PostgreSQL cannot store them), anywhere in
-a body, free-form objects included; the error body; health; the principal and its grant."""
+a body, free-form objects included (the core's ``text_problem``/``json_problem``); names of
+addressable objects in the core's safe set (``SafeName``); numbers that are JSON numbers
+(``Int``, ``Number``); the error body; health; the principal and its grant."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 from pydantic.alias_generators import to_camel
 
-from cortex_ray import ActionType, Grant, Principal, PrincipalKind
+from cortex_ray import MAX_JSON_DEPTH as _MAX_JSON_DEPTH
+from cortex_ray import ActionType, Grant, Principal, PrincipalKind, json_problem, text_problem
+from cortex_ray import SafeName as _SafeName
 
 ORG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 """Organisation ids, as the ``organisations`` table's CHECK constraint allows them."""
 
 MAX_TEXT = 20_000
-MAX_JSON_DEPTH = 32
+MAX_JSON_DEPTH = _MAX_JSON_DEPTH
 
 
 def _clean(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("text must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+    if (reason := text_problem(value)) is not None:
+        raise ValueError(reason)
     return value
 
 
 def has_bad_text(value: Any, depth: int = 0) -> str | None:
-    """Why a free-form JSON value cannot be stored (NUL, lone surrogate, too deep), or None."""
-    if depth > MAX_JSON_DEPTH:
-        return f"nested deeper than {MAX_JSON_DEPTH} levels"
-    items: list[Any]
-    if isinstance(value, str):
-        items = []
-        try:
-            _clean(value)
-        except ValueError as exc:
-            return str(exc)
-    elif isinstance(value, dict):
-        for key in value:
-            if (reason := has_bad_text(key, depth + 1)) is not None:
-                return reason
-        items = list(value.values())
-    elif isinstance(value, list):
-        items = value
-    else:
-        return None
-    for item in items:
-        if (reason := has_bad_text(item, depth + 1)) is not None:
-            return reason
-    return None
+    """Why a free-form JSON value cannot be stored (NUL, lone surrogate, too deep), or None
+    (the core's ``json_problem``)."""
+    return json_problem(value, depth)
 
 
 def _clean_json(value: dict[str, Any]) -> dict[str, Any]:
@@ -63,8 +43,18 @@ def _clean_json(value: dict[str, Any]) -> dict[str, Any]:
 
 Text = Annotated[str, AfterValidator(_clean)]
 Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_clean)]
+"""A free-form label or a reference (an id or a name): any text of 1 to 200 characters."""
+SafeName = _SafeName
+"""The name of an object addressed by name in a path (the core's safe set, ``cortex_ray.
+NAME_PATTERN``): agents, workflows, secrets, connectors, eval suites, collections."""
 LongText = Annotated[str, Field(max_length=MAX_TEXT), AfterValidator(_clean)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(_clean_json)]
+
+# Numbers in a JSON body are JSON numbers, on every route: "3" (a string) and true (a
+# boolean) are refused, not coerced. (Query and path parameters are text by nature, and
+# parsed as numbers.) A Number field accepts an integer too (3 for 3.0).
+Int = StrictInt
+Number = StrictFloat
 
 
 class _Body(BaseModel):

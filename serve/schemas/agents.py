@@ -9,13 +9,16 @@ from uuid import UUID
 from pydantic import Field, model_validator
 
 from cortex_ray import Agent, AgentChanges, AgentMode
-from serve.schemas._common import GrantBody, LongText, Name, _Body, _grant_body, _Out
+from serve.schemas._common import GrantBody, LongText, Name, SafeName, _Body, _grant_body, _Out
 
 # agents ----------------------------------------------------------------------------------
 
 
 class AgentCreate(_Body):
-    name: Name
+    name: SafeName = Field(
+        description="1-128 of A-Z a-z 0-9 _ . -, starting with a letter or digit "
+        "(addressable in a path as it is)"
+    )
     persona: LongText = ""
     mode: AgentMode = AgentMode.INTERACTIVE
     tools: list[Name] | None = Field(

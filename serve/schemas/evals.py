@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 from uuid import UUID
 
-from pydantic import AfterValidator, BaseModel, Field, StrictInt, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
+from cortex_ray import NAME_PATTERN, is_safe_name
 from cortex_ray.evals import Check, EvalCase, EvalMode, EvalRunSummary, EvalSuite, EvalSuiteSummary
-from serve.schemas._common import JsonObject, Name, _Body, _clean, _Out, has_bad_text
+from serve.schemas._common import Int, JsonObject, Name, _Body, _clean, _Out, has_bad_text
 
 # evaluation ------------------------------------------------------------------------------
 # A suite's cases (their cassettes and checks) and what a suite run keeps are the core's
@@ -26,6 +36,37 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {message}" if where else message
 
 
+def _as_json(adapter: TypeAdapter[Any]) -> Any:
+    """A before-validator: the raw value as JSON is read (text storable: no NUL, no lone
+    surrogate), numbers as JSON numbers ("3" refused, as in every body: strict JSON mode
+    reads enums, ids and times from their JSON strings)."""
+
+    def check(raw: Any) -> Any:
+        if (reason := has_bad_text(raw)) is not None:
+            raise ValueError(reason)
+        try:
+            return adapter.validate_json(json.dumps(raw), strict=True)
+        except ValidationError as exc:
+            raise ValueError(_first_error(exc)) from None
+
+    return BeforeValidator(check)
+
+
+def _suite_name(value: str) -> str:
+    """The core's rule for a suite's name (``EvalSuite``: the safe set, at most 100), checked
+    on the field so that the refusal names it."""
+    if not is_safe_name(_clean(value)):
+        raise ValueError(
+            "a suite name is 1-100 letters, digits, '_', '.' or '-', starting with a letter "
+            "or digit"
+        )
+    return value
+
+
+JsonCase = Annotated[EvalCase, _as_json(TypeAdapter(EvalCase))]
+JsonCheck = Annotated[Check, _as_json(TypeAdapter(Check))]
+
+
 def _storable(what: str, items: list[BaseModel]) -> None:
     for i, item in enumerate(items):
         if (reason := has_bad_text(item.model_dump(mode="json"))) is not None:
@@ -37,12 +78,13 @@ class EvalSuiteCreate(_Body):
     and author are the server's; the same cases as the latest version are that version
     (nothing new is written)."""
 
-    name: str = Field(
+    name: Annotated[str, AfterValidator(_suite_name)] = Field(
         max_length=100,
+        json_schema_extra={"pattern": NAME_PATTERN},
         description="1-100 letters, digits, '_', '.' or '-', starting with a letter or digit",
     )
     description: Description = ""
-    cases: list[EvalCase] = Field(
+    cases: list[JsonCase] = Field(
         min_length=1, max_length=1000, description="case names are unique in a suite"
     )
 
@@ -73,7 +115,7 @@ class EvalCaseCreate(_Body):
         "suite is replaced",
     )
     description: Description = Field(default="", description="default: the run's goal")
-    checks: list[Check] | None = Field(
+    checks: list[JsonCheck] | None = Field(
         default=None,
         min_length=1,
         max_length=64,
@@ -88,7 +130,7 @@ class EvalCaseCreate(_Body):
 
 class EvalRunCreate(_Body):
     suite: Name = Field(description="the suite's name")
-    version: StrictInt | None = Field(default=None, ge=1, description="default: the latest")
+    version: Int | None = Field(default=None, ge=1, description="default: the latest")
     mode: EvalMode = Field(
         default=EvalMode.REPLAY,
         description="replay: the recorded model outputs answer the model calls (no model, "

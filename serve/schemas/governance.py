@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from cortex_ray import CapabilityTier
 from cortex_ray.governance import (
@@ -17,7 +17,7 @@ from cortex_ray.governance import (
     ConnectorInstance,
     ConnectorView,
 )
-from serve.schemas._common import JsonObject, _Body, _Out
+from serve.schemas._common import JsonObject, _Body, _clean, _Out
 
 
 class ConnectorBody(_Out):
@@ -87,8 +87,8 @@ class GrantCreate(_Body):
         description="a user's or agent's principal id (`agent:<uuid>`), or `*` for everyone",
     )
     connector: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    tools: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
-        default_factory=list, max_length=200, description="empty: all the connector's tools"
+    tools: list[Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_clean)]] = (
+        Field(default_factory=list, max_length=200, description="empty: all the connector's tools")
     )
     max_tier: CapabilityTier = CapabilityTier.READ
     constraints: dict[str, JsonObject] = Field(
@@ -223,7 +223,9 @@ class SecretList(_Out):
 
 
 class SecretPut(_Body):
-    value: str = Field(min_length=1, max_length=16_384, description="never returned")
+    value: Annotated[str, AfterValidator(_clean)] = Field(
+        min_length=1, max_length=16_384, description="never returned; no NUL"
+    )
     connector: str | None = Field(
         default=None,
         max_length=100,

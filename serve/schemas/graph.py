@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Annotated
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from pydantic.alias_generators import to_camel
 
 from cortex_ray.graph import Entity, Fact, GraphResult, Triple
@@ -90,11 +90,14 @@ class GraphSearchBody(_Out):
 
 
 class TripleBody(Triple):
-    """A submitted fact (camelCase on the wire; the same limits as ``Triple``)."""
+    """A submitted fact (camelCase on the wire; the same limits as ``Triple``; its
+    confidence a JSON number, as every number in a body)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
     )
+
+    confidence: StrictFloat = Field(default=1.0, ge=0.0, le=1.0)
 
 
 class TriplesCreate(BaseModel):

@@ -10,7 +10,7 @@ from pydantic.alias_generators import to_camel
 
 from cortex_ray.graph import SourceHealthReport
 from cortex_ray.knowledge import Fusion, SearchHit, Tier
-from serve.schemas._common import _Out
+from serve.schemas._common import Number, _Out
 
 
 class KnowledgeHit(_Out):
@@ -77,8 +77,8 @@ class FreshnessBody(BaseModel):
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
     )
 
-    expected_interval_s: float = Field(gt=0, le=10 * 365 * 86400)
-    expires_after_s: float | None = Field(default=None, gt=0, le=100 * 365 * 86400)
+    expected_interval_s: Number = Field(gt=0, le=10 * 365 * 86400)
+    expires_after_s: Number | None = Field(default=None, gt=0, le=100 * 365 * 86400)
     path: str | None = Field(
         default=None,
         pattern=r"^[^\x00]{1,4096}$",

@@ -7,11 +7,11 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import AfterValidator, Field, StrictInt
+from pydantic import AfterValidator, Field
 
 from cortex_ray import RunMode, RunStatus, TaskRun
 from cortex_ray.governance import RunLabel, RunReport
-from serve.schemas._common import JsonObject, LongText, Name, _Body, _clean, _Out
+from serve.schemas._common import Int, JsonObject, LongText, Name, _Body, _clean, _Out
 from serve.schemas._steps import StepBody, _step
 
 # tasks -----------------------------------------------------------------------------------
@@ -25,7 +25,7 @@ class TaskPayload(_Body):
     objective: LongText | None = None
     instructions: LongText | None = None
     description: LongText | None = None
-    max_steps: StrictInt | None = Field(
+    max_steps: Int | None = Field(
         default=None,
         ge=1,
         description="step budget: an integer from 1 to the server's max_steps_limit "

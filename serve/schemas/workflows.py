@@ -17,7 +17,7 @@ from cortex_ray.governance import (
     WorkflowVersion,
     WorkflowVersionSpec,
 )
-from serve.schemas._common import JsonObject, _Body, _Out
+from serve.schemas._common import Int, JsonObject, _Body, _Out
 
 ToolName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[^\x00]+$")]
 
@@ -33,7 +33,7 @@ class WorkflowCreate(_Body):
 
 
 class EvidenceBody(_Body):
-    min_sources: int = Field(default=0, ge=0, le=1000, description="distinct cited source ids")
+    min_sources: Int = Field(default=0, ge=0, le=1000, description="distinct cited source ids")
     sources: list[ToolName] = Field(
         default_factory=list, max_length=100, description="source ids that must be cited"
     )
@@ -112,11 +112,11 @@ class WorkflowDetail(WorkflowBody):
 class WorkflowRunCreate(_Body):
     agent_id: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00]+$")
     inputs: JsonObject = Field(default_factory=dict)
-    version: int | None = Field(default=None, ge=1, description="default: the latest")
+    version: Int | None = Field(default=None, ge=1, description="default: the latest")
     run_mode: RunMode | None = Field(
         default=None, description="default: the version's; only a safer one may be asked"
     )
-    max_steps: int | None = Field(default=None, ge=1)
+    max_steps: Int | None = Field(default=None, ge=1)
     name: str = Field(default="", max_length=200, pattern=r"^[^\x00]*$")
     caller_user_id: str | None = Field(default=None, max_length=200, pattern=r"^[^\x00]+$")
 
@@ -238,7 +238,7 @@ class ScheduleCreate(_Body):
         pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}$",
         description="each run is a run of this workflow (instead of a goal)",
     )
-    version: int | None = Field(
+    version: Int | None = Field(
         default=None, ge=1, description="the workflow's pinned version (default: the latest)"
     )
     inputs: JsonObject | None = Field(
@@ -248,13 +248,13 @@ class ScheduleCreate(_Body):
     )
     name: str = Field(default="", max_length=200, pattern=r"^[^\x00]*$")
     cron: str | None = Field(default=None, max_length=200, pattern=r"^[^\x00]*$")
-    interval_s: int | None = Field(default=None, ge=1, le=366 * 86400)
+    interval_s: Int | None = Field(default=None, ge=1, le=366 * 86400)
     run_at: datetime | None = Field(
         default=None, description="a one-off's time, or when an interval starts"
     )
     timezone: str = Field(default="UTC", max_length=100, pattern=r"^[^\x00]+$")
-    max_steps: int = Field(default=8, ge=1)
-    max_seconds: int | None = Field(
+    max_steps: Int = Field(default=8, ge=1)
+    max_seconds: Int | None = Field(
         default=3600,
         ge=1,
         le=7 * 86400,
