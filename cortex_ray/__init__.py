@@ -105,9 +105,6 @@ from cortex_ray.settings import (
 )
 
 __all__ = [
-    "MAX_JSON_DEPTH",
-    "NAME_PATTERN",
-    "NAME_RULE",
     "AccessDeniedError",
     "ActionType",
     "Agent",
@@ -136,10 +133,13 @@ __all__ = [
     "InvalidRequestError",
     "LeaseLost",
     "LocalSpans",
+    "MAX_JSON_DEPTH",
     "MemoryKind",
     "MemoryRecord",
     "MemorySnapshot",
     "ModelError",
+    "NAME_PATTERN",
+    "NAME_RULE",
     "NotFoundError",
     "Observation",
     "ObservationStatus",
