@@ -477,8 +477,8 @@ async def test_runs_resume_on_a_held_run_says_who_holds_it_and_can_wait_for_it(
     pair: tuple[Runtime, Runtime], org: str, db: Database
 ) -> None:
     """`cortex-ray runs resume` while the API drives the run: it says who holds the run
-    and leaves it alone; with --wait it waits, and takes the run over once the holder
-    lets go."""
+    and leaves it alone, at once (before it loads a model) and as its one error line;
+    with --wait it waits, and takes the run over once the holder lets go."""
     a, _ = pair
     agent = await a.create_agent(org, "held", mode=AgentMode.AUTONOMOUS, tools=["current_time"])
     run = await a.start_run(org, agent.id, "check the time", max_steps=2)
@@ -494,13 +494,18 @@ async def test_runs_resume_on_a_held_run_says_who_holds_it_and_can_wait_for_it(
         "COLUMNS": "200",
     }
     args = [*CLI, "--org", org, "runs", "resume", str(run.id)]
+    # A model that cannot load: the refusal comes before any model is opened (it took
+    # 38.8 s with the main job's models loaded first), so this never fails on it.
+    unloadable = {"CORTEX_MODEL_BACKEND": "local", "CORTEX_MODELS__LOCAL_PATH": "/nowhere.gguf"}
     refused = await asyncio.to_thread(
-        subprocess.run, args, env=env, capture_output=True, text=True, timeout=120
+        subprocess.run, args, env=env | unloadable, capture_output=True, text=True, timeout=120
     )
     assert refused.returncode == 1, (refused.stdout, refused.stderr)
-    assert f"run {run.id} is being driven by {api}" in refused.stderr
-    assert "not resumed here" in refused.stderr
-    assert "status: RUNNING" in refused.stdout
+    (line,) = refused.stderr.strip().splitlines()  # the refusal, first and alone
+    assert line.startswith(f"error: run {run.id} is being driven by {api}")
+    assert "not resumed here" in line and f"runs show {run.id}" in line
+    assert "model file not found" not in refused.stderr
+    assert refused.stdout == ""  # no step table before or after it
     assert (await a.store.get_run(org, run.id)).steps == ()
 
     waiting = await asyncio.create_subprocess_exec(

@@ -37,7 +37,7 @@ from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import HashEmbedder
 from cortex_ray.runtime import Runtime
 from cortex_ray.settings import load_settings
-from cortex_ray.storage import database_label
+from cortex_ray.storage import Database, database_label
 
 __all__ = [
     "EXIT_ERROR",
@@ -125,18 +125,22 @@ def execute(work: Coroutine[Any, Any, int]) -> None:
 
 
 @asynccontextmanager
-async def open_runtime(*, with_models: bool) -> AsyncIterator[Runtime]:
+async def open_runtime(*, with_models: bool, db: Database | None = None) -> AsyncIterator[Runtime]:
     """An open runtime, always closed again. Without models it loads neither model file,
-    which keeps the bookkeeping commands fast."""
+    which keeps the bookkeeping commands fast. On ``db`` (another runtime's, left open) it
+    opens no database of its own."""
     settings = load_settings()
     database = database_label(settings.storage.database_url, settings.storage.data_dir)
     where = "connecting to" if settings.storage.database_url else "starting"
     label = f"{where} {database}" + (" and loading models…" if with_models else "…")
+    if db is not None:
+        label = "loading models…" if with_models else "opening…"
     with err.status(label), _naming_the_database(database):
         if with_models:
-            runtime = await Runtime.open(settings)
+            runtime = await Runtime.open(settings, db=db)
         else:
-            runtime = await Runtime.open(settings, model=None, embedder=HashEmbedder(EMBEDDING_DIM))
+            hashed = HashEmbedder(EMBEDDING_DIM)
+            runtime = await Runtime.open(settings, model=None, embedder=hashed, db=db)
     try:
         with _naming_the_database(database):
             yield runtime
