@@ -400,7 +400,11 @@ class OrgExecutor:
 
 
 async def test_the_supervisor_resumes_orphans_and_fails_runs_out_of_attempts(
-    db: Database, settings: Settings, effect_tables: None, org: str
+    db: Database,
+    settings: Settings,
+    effect_tables: None,
+    org: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     policy = RunPolicy(max_attempts=3, orphan_grace_s=0.0, supervise_interval_s=3600)
     runtime = await open_runtime(settings, db, "sup", policy)
@@ -438,6 +442,20 @@ async def test_the_supervisor_resumes_orphans_and_fails_runs_out_of_attempts(
         assert hopeless.id not in executor.started
         assert (await runtime.store.run_status(org, held.id)) is RunStatus.RUNNING
         assert held.id not in executor.started
+        # The resume is said, at WARNING (seen with no logging configured, as in the API
+        # replica), once, naming the run and the attempt (docs/operations.md).
+        said = [
+            r
+            for r in caplog.records
+            if r.name == "cortex_ray.supervisor" and "nobody was driving it" in r.getMessage()
+        ]
+        mine = [r for r in said if f"org {org})" in r.getMessage()]
+        assert [(r.levelno, r.getMessage()) for r in mine] == [
+            (
+                logging.WARNING,
+                f"run {interrupted.id} (org {org}): nobody was driving it; resumed (attempt 1)",
+            )
+        ]
     finally:
         await supervisor.aclose()
         await executor.inner.aclose()
