@@ -14,6 +14,7 @@ is only disconnected from. A second signal exits at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -119,9 +120,22 @@ def plain_output() -> None:
         except (ImportError, AttributeError):  # another Ray: the variable is what we have
             pass
     if not sys.stdout.isatty() and not isinstance(sys.stdout, _PlainStream):
-        sys.stdout = _PlainStream(sys.stdout)
+        sys.stdout = _rewired(sys.stdout, _PlainStream(sys.stdout))
     if not sys.stderr.isatty() and not isinstance(sys.stderr, _PlainStream):
-        sys.stderr = _PlainStream(sys.stderr)
+        sys.stderr = _rewired(sys.stderr, _PlainStream(sys.stderr))
+
+
+def _rewired(old: TextIO, plain: _PlainStream) -> Any:
+    """``plain``, after pointing the log handlers that write to ``old`` at it: Ray's own
+    handler took ``sys.stderr`` when Ray was imported, before this could wrap it."""
+    loggers = [logging.getLogger(), *logging.root.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if isinstance(handler, logging.StreamHandler) and handler.stream is old:
+                # (a handler whose stream is a property, sys.stderr at each line, is fine)
+                with contextlib.suppress(AttributeError):
+                    handler.setStream(plain)
+    return plain
 
 
 @contextmanager

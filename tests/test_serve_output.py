@@ -5,6 +5,7 @@ whole stack's output is checked in tests/test_demo.py (``python -m serve`` to a 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import sys
 
@@ -38,15 +39,26 @@ def files_for_output(monkeypatch: pytest.MonkeyPatch) -> tuple[io.StringIO, io.S
 
 def test_off_a_terminal_lines_lose_their_colour_codes(not_a_terminal: pytest.MonkeyPatch) -> None:
     out, err = files_for_output(not_a_terminal)
-    plain_output()
-    plain_output()  # idempotent: the streams are wrapped once
+    # A handler that took stderr before (Ray's own does, when Ray is imported).
+    early = logging.StreamHandler(sys.stderr)
+    logger = logging.getLogger("test_serve_output.early")
+    logger.addHandler(early)
+    not_a_terminal.setattr(logger, "propagate", False)
+    try:
+        plain_output()
+        plain_output()  # idempotent: the streams are wrapped once
+        logger.warning("Started. View the dashboard at \x1b[1m\x1b[32mhttp://h:1\x1b[39m")
+    finally:
+        logger.removeHandler(early)
     # What Ray printed: a worker's coloured prefix, ray.init's bold green dashboard URL.
     print("\x1b[36m(ProxyActor pid=2834)\x1b[0m INFO proxy -- Proxy starting")
     sys.stderr.write(
         "View the dashboard at \x1b[1m\x1b[32mhttp://127.0.0.1:8265 \x1b[39m\x1b[22m\n"
     )
     assert out.getvalue() == "(ProxyActor pid=2834) INFO proxy -- Proxy starting\n"
-    assert err.getvalue() == "View the dashboard at http://127.0.0.1:8265 \n"
+    assert err.getvalue() == (
+        "Started. View the dashboard at http://h:1\nView the dashboard at http://127.0.0.1:8265 \n"
+    )
     assert sys.stdout.isatty() is False and sys.stdout.plain is out  # type: ignore[attr-defined]
 
 
