@@ -206,7 +206,7 @@ def _ingest(
             SourceFilesDatasource(units, options),
             override_num_blocks=max(len(units), 1),
             num_cpus=fit.num_cpus,
-            concurrency=fit.concurrency,
+            compute=ray.data.TaskPoolStrategy(size=fit.concurrency),
         )
         if embed and dsn:
             ds = ds.map_batches(
@@ -218,7 +218,7 @@ def _ingest(
                 },
                 batch_size=None,
                 batch_format="pyarrow",
-                concurrency=1,
+                compute=ray.data.ActorPoolStrategy(size=1),  # (`concurrency` is deprecated)
                 # It mostly waits for blocks; reserving a CPU would starve the read tasks on
                 # a one-CPU cluster.
                 num_cpus=0,
@@ -240,7 +240,7 @@ def _ingest(
                 batch_size=None,
                 batch_format="pyarrow",
                 num_cpus=fit.num_cpus,
-                concurrency=fit.concurrency,
+                compute=ray.data.TaskPoolStrategy(size=fit.concurrency),
             )
         skipped: Counter[str] = Counter()
         in_progress: dict[str, int] = {}
