@@ -25,7 +25,7 @@ from cortex_ray import (
     load_settings,
 )
 from cortex_ray.graph import setting_shown
-from cortex_ray.storage import EmbeddedPostgres, migrate
+from cortex_ray.storage import EmbeddedPostgres, database_label, migrate
 from jobs._ray import join_or_start_ray
 
 __all__ = [
@@ -146,6 +146,13 @@ def run_job(
     """
     embedded: EmbeddedPostgres | None = None
     started_ray = False
+    # Errors name the database the job used (never its password): without CORTEX_DATA_DIR
+    # or a DSN it is the embedded one in the default data dir, which may not be the
+    # stack's.
+    where = ""
+    if database:
+        url = database_url or settings.storage.database_url
+        where = f" (database: {database_label(url, settings.storage.data_dir)})"
     try:
         dsn: str | None = None
         if database:
@@ -155,16 +162,16 @@ def run_job(
             started_ray = join_or_start_ray(address, settings.storage.data_dir, num_cpus=num_cpus)
         line = work(dsn)
     except InvalidRequestError as exc:
-        fail(str(exc), invalid_exit)
+        fail(f"{exc}{where}", invalid_exit)
     except CortexError as exc:
-        fail(str(exc), EXIT_ERROR)
+        fail(f"{exc}{where}", EXIT_ERROR)
     except Interrupted as exc:
         typer.echo(f"interrupted by {exc}{interrupted}", err=True)
         raise typer.Exit(exc.exit_code) from None
     except Exception as exc:
         if not foreign_errors:
             raise
-        fail(f"{type(exc).__name__}: {exc}", EXIT_ERROR)
+        fail(f"{type(exc).__name__}: {exc}{where}", EXIT_ERROR)
     finally:
         if started_ray:
             _shutdown_ray()

@@ -19,11 +19,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import pyarrow as pa
 import typer
@@ -60,6 +61,7 @@ from jobs._pipeline import (
     unit_size,
 )
 from jobs._reports import GraphOnlyReport, IngestReport, Progress, ProgressReporter, count_row
+from jobs._resources import ResourceWatch, fit_tasks
 
 __all__ = ["GraphOnlyReport", "IngestReport", "Progress", "main", "run_graph_only", "run_ingest"]
 
@@ -184,6 +186,16 @@ def _ingest(
             traceparent=traceparent,
         )
         _configure_ray_data(show_ray_progress, object_store_budget_bytes)
+        # Beside the local stack (which reserves CPUs) the task stages ask only what is
+        # free, or they would wait forever for a whole CPU each (jobs._resources).
+        fit = fit_tasks(
+            _cpus(ray.available_resources()),  # type: ignore[no-untyped-call]
+            _cpus(ray.cluster_resources()),  # type: ignore[no-untyped-call]
+            stages=2 if graph and dsn else 1,
+        )
+        if fit.fitted:
+            print(f"ingest: the tasks fit beside the cluster's others: {fit.describe()}",
+                  file=sys.stderr, flush=True)  # fmt: skip
         if unit_bytes is None:
             cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
             unit_bytes = unit_size(progress.total_bytes, cpus)
@@ -191,7 +203,10 @@ def _ingest(
         # One block stream per unit: without the override Ray Data would split each read
         # task's output to reach its default parallelism (pointless for these small rows).
         ds = ray.data.read_datasource(
-            SourceFilesDatasource(units, options), override_num_blocks=max(len(units), 1)
+            SourceFilesDatasource(units, options),
+            override_num_blocks=max(len(units), 1),
+            num_cpus=fit.num_cpus,
+            compute=ray.data.TaskPoolStrategy(size=fit.concurrency),
         )
         if embed and dsn:
             ds = ds.map_batches(
@@ -203,7 +218,7 @@ def _ingest(
                 },
                 batch_size=None,
                 batch_format="pyarrow",
-                concurrency=1,
+                compute=ray.data.ActorPoolStrategy(size=1),  # (`concurrency` is deprecated)
                 # It mostly waits for blocks; reserving a CPU would starve the read tasks on
                 # a one-CPU cluster.
                 num_cpus=0,
@@ -224,17 +239,21 @@ def _ingest(
                 },
                 batch_size=None,
                 batch_format="pyarrow",
+                num_cpus=fit.num_cpus,
+                compute=ray.data.TaskPoolStrategy(size=fit.concurrency),
             )
         skipped: Counter[str] = Counter()
         in_progress: dict[str, int] = {}
         report.phases["list"] = round(time.perf_counter() - started, 3)
         try:
-            for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-                assert isinstance(batch, pa.Table)
-                for row in batch.to_pylist():
-                    count_row(row, report, skipped, progress, in_progress)
-                if on_progress is not None:
-                    on_progress(progress)
+            with ResourceWatch("ingest", fit.num_cpus) as watch:
+                for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                    watch.progressed()
+                    assert isinstance(batch, pa.Table)
+                    for row in batch.to_pylist():
+                        count_row(row, report, skipped, progress, in_progress)
+                    if on_progress is not None:
+                        on_progress(progress)
         except BaseException as exc:
             if graph_writer is not None and report.graph is not None:
                 graph_writer.finish_run(org, report.graph["run"], failed=repr(exc)[:500])
@@ -254,6 +273,10 @@ def _ingest(
         report.seconds - report.phases["list"] - report.phases["pipeline"], 3
     )
     return report
+
+
+def _cpus(resources: dict[str, Any]) -> float:
+    return float(resources.get("CPU", 0.0))
 
 
 # command line ----------------------------------------------------------------------------

@@ -14,19 +14,23 @@ is only disconnected from. A second signal exits at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import ray
 
 from actors import announce_local_ray
 from cortex_ray import Interrupted, SignalGuard, stop_on_signals
 
-__all__ = ["Interrupted", "RayDriver", "ray_driver"]
+__all__ = ["Interrupted", "RayDriver", "plain_output", "ray_driver"]
 
 log = logging.getLogger("serve.lifecycle")
 
@@ -69,6 +73,71 @@ def _shutdown_ray() -> None:
     ray.shutdown()
 
 
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+"""An ANSI control sequence (colours, bold, cursor moves): ESC [ parameters final-byte."""
+
+
+class _PlainStream:
+    """A text stream that drops ANSI control sequences on their way to ``stream``; every
+    other attribute is the stream's own (``fileno``, ``isatty``, ``encoding``, ...)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.plain = stream
+
+    def write(self, text: str) -> int:
+        self.plain.write(_ANSI.sub("", text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.plain.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.plain, name)
+
+
+def plain_output() -> None:
+    """Clean lines on stdout and stderr where they are not a terminal (a log file, a pipe,
+    ``systemd``, ``docker logs``): what Ray prints in the driver has no colour codes and is
+    not deduplicated.
+
+    Ray 2.60's own switches, where they exist: ``RAY_COLOR_PREFIX=0`` (read at each line)
+    leaves the ``(ServeReplica:… pid=…)`` prefixes of the workers' lines uncoloured;
+    ``RAY_DEDUP_LOGS=0`` stops the ``[repeated Nx across cluster]`` summaries and their hint,
+    but Ray reads it once, when it is imported, which ``python -m serve`` has done before
+    ``main`` runs (the ``serve`` package imports Ray), so the value it read is set too. Some
+    colour has no switch (``ray.init``'s dashboard line, the deduplicator's green): the
+    streams drop every ANSI sequence. A variable the user set is left as it is; on a
+    terminal nothing changes."""
+    if sys.stdout.isatty() and sys.stderr.isatty():
+        return
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    if "RAY_DEDUP_LOGS" not in os.environ:
+        os.environ["RAY_DEDUP_LOGS"] = "0"  # the workers and any later import
+        try:  # the constant Ray's deduplicator reads; no public API sets it
+            import ray._private.ray_logging as ray_logging
+
+            ray_logging.RAY_DEDUP_LOGS = False  # type: ignore[attr-defined]
+        except (ImportError, AttributeError):  # another Ray: the variable is what we have
+            pass
+    if not sys.stdout.isatty() and not isinstance(sys.stdout, _PlainStream):
+        sys.stdout = _rewired(sys.stdout, _PlainStream(sys.stdout))
+    if not sys.stderr.isatty() and not isinstance(sys.stderr, _PlainStream):
+        sys.stderr = _rewired(sys.stderr, _PlainStream(sys.stderr))
+
+
+def _rewired(old: TextIO, plain: _PlainStream) -> Any:
+    """``plain``, after pointing the log handlers that write to ``old`` at it: Ray's own
+    handler took ``sys.stderr`` when Ray was imported, before this could wrap it."""
+    loggers = [logging.getLogger(), *logging.root.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if isinstance(handler, logging.StreamHandler) and handler.stream is old:
+                # (a handler whose stream is a property, sys.stderr at each line, is fine)
+                with contextlib.suppress(AttributeError):
+                    handler.setStream(plain)
+    return plain
+
+
 @contextmanager
 def ray_driver(*, announce: Path | None = None, **init_kwargs: Any) -> Iterator[RayDriver]:
     """Ray for an entry point, and its clean stop on SIGINT, SIGTERM or leaving the block.
@@ -80,8 +149,10 @@ def ray_driver(*, announce: Path | None = None, **init_kwargs: Any) -> Iterator[
     ``announce`` (a data dir), a Ray it started is announced there for the other entry points
     of this machine while it runs (``actors.announce_local_ray``). :class:`Interrupted`
     propagates out of the block after the clean-up: the caller picks the exit code
-    (``exc.exit_code`` or 0).
+    (``exc.exit_code`` or 0). Where stdout or stderr is not a terminal, the output is made
+    plain first (:func:`plain_output`).
     """
+    plain_output()
     with stop_on_signals() as guard, ExitStack() as stack:
         dashboard: str | None = None
         if not ray.is_initialized():

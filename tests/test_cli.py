@@ -28,7 +28,7 @@ from cortex_ray.storage import EmbeddedPostgres
 
 CLI = [sys.executable, "-m", "cortex_ray.cli"]
 RUN_ID = re.compile(r"run id: ([0-9a-f-]{36})")
-UNREACHABLE = "postgresql://nobody@127.0.0.1:1/x"
+UNREACHABLE = "postgresql://nobody:hunter2@127.0.0.1:1/x"
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +226,27 @@ def test_malformed_and_unknown_run_ids(cli_env: dict[str, str], org: str) -> Non
 def test_unreachable_database_is_one_line_error(cli_env: dict[str, str], org: str) -> None:
     result = cortex(cli_env, "--org", org, "agents", "list", CORTEX_DATABASE_URL=UNREACHABLE)
     assert_one_line_error(result, 1, "cannot reach or migrate the database")
+    # It names the database it tried: host, port and name, never the password.
+    assert "(database: PostgreSQL database 'x' on 127.0.0.1:1)" in result.stderr
+    assert "hunter2" not in result.stdout + result.stderr
+
+
+def test_errors_name_the_database_they_looked_in(cli_env: dict[str, str], org: str) -> None:
+    """``no API key ... in organisation 'x'`` is only true of one database: the line says
+    which (without CORTEX_DATA_DIR the CLI uses the default data dir, perhaps not the
+    stack's)."""
+    key_id = "00000000-0000-0000-0000-000000000000"
+    result = cortex(cli_env, "--org", org, "api-keys", "revoke", key_id)
+    assert_one_line_error(result, 1, f"no API key {key_id} in organisation {org!r}")
+    if "CORTEX_DATABASE_URL" in cli_env:
+        assert "(database: PostgreSQL database " in result.stderr
+    else:
+        pg = Path(cli_env["CORTEX_DATA_DIR"]) / "pg"
+        assert result.stderr.rstrip().endswith(f"(database: the embedded PostgreSQL in {pg})")
+    # An error before any database is opened names none.
+    malformed = cortex(cli_env, "--org", org, "api-keys", "revoke", "not-a-uuid")
+    assert_one_line_error(malformed, 2, "not a key id")
+    assert "database:" not in malformed.stderr
 
 
 def test_invalid_setting_is_one_line_error(cli_env: dict[str, str], org: str) -> None:

@@ -92,6 +92,9 @@ def test_the_local_stack_shows_its_actors_and_ingestion_joins_its_ray(tmp_path: 
             time.sleep(0.5)
         dashboard = re.search(r"Ray dashboard on (http://127\.0\.0\.1:\d+)", out)
         assert dashboard is not None
+        # Not a terminal: clean lines (Ray's worker prefixes uncoloured, no dedup hints).
+        assert "\x1b[" not in out, out[-3000:]
+        assert "RAY_DEDUP_LOGS" not in out and "repeated" not in out, out[-3000:]
         assert (data / "ray-address").exists()
 
         ray_cli = str(Path(sys.executable).with_name("ray"))

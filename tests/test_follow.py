@@ -9,6 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 from uuid import UUID, uuid4
 
+import pytest
+
 from cortex_ray._types import Principal, RunStatus, TaskRun
 from cortex_ray.runtime._follow import resume_or_wait
 from cortex_ray.storage import LeaseHolder
@@ -64,7 +66,23 @@ async def test_a_run_another_driver_holds_is_left_to_it_and_the_caller_told() ->
     )  # fmt: skip
     assert run.status is RunStatus.RUNNING
     assert told == [("api-1", False)]
-    assert fake.resumed == 1
+    assert fake.resumed == 0  # refused before any drive: nothing prepared, nothing touched
+
+
+async def test_a_free_run_is_driven_here() -> None:
+    fake = _FakeRuntime(_running(), holders=[_holder(None)])
+    ended = fake.run.model_copy(update={"status": RunStatus.COMPLETED})
+    driven: list[TaskRun] = []
+
+    async def drive(current: TaskRun) -> TaskRun:
+        driven.append(current)
+        return ended
+
+    run = await resume_or_wait(
+        fake, ORG, fake.run, principal=OPERATOR, poll_s=0.001, wait=False,
+        on_busy=lambda r, h, waiting: pytest.fail("not busy"), drive=drive,
+    )  # fmt: skip
+    assert run is ended and len(driven) == 1 and fake.holders == []
 
 
 async def test_waiting_tells_once_and_takes_the_run_over_when_its_lease_falls_free() -> None:
@@ -77,9 +95,8 @@ async def test_waiting_tells_once_and_takes_the_run_over_when_its_lease_falls_fr
     driven: list[UUID] = []
 
     async def drive(current: TaskRun) -> TaskRun:
-        driven.append(current.id)
-        if len(driven) == 2:  # the second drive (after the takeover) finishes it
-            fake.run = current.model_copy(update={"status": RunStatus.COMPLETED})
+        driven.append(current.id)  # the takeover: driven here, it finishes
+        fake.run = current.model_copy(update={"status": RunStatus.COMPLETED})
         return fake.run
 
     run = await resume_or_wait(
@@ -88,7 +105,7 @@ async def test_waiting_tells_once_and_takes_the_run_over_when_its_lease_falls_fr
     )  # fmt: skip
     assert run.status is RunStatus.COMPLETED
     assert told == [True]
-    assert len(driven) == 2
+    assert len(driven) == 1  # not driven while held; driven once its lease fell free
 
 
 async def test_waiting_ends_with_the_run_as_its_other_driver_finished_it() -> None:
@@ -98,4 +115,4 @@ async def test_waiting_ends_with_the_run_as_its_other_driver_finished_it() -> No
         on_busy=lambda r, h, waiting: None,
     )  # fmt: skip
     assert run.status is RunStatus.FAILED
-    assert fake.resumed == 1
+    assert fake.resumed == 0

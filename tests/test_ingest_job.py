@@ -4,6 +4,7 @@ run as a process through ``cortex-ray ingest`` (→ ``python -m jobs.ingest``)."
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -612,3 +613,89 @@ def test_a_file_that_fails_mid_split_leaves_no_partial_version(
     stored = published_passages(db.dsn, org, "partial")
     assert stored and all("pears" in p["text"] for p in stored)
     assert all(data[p["byte_start"] : p["byte_end"]].decode() == p["text"] for p in stored)
+
+
+def _hold_cpus(cpus: float) -> Any:
+    """An actor that reserves ``cpus`` of the test cluster, as the local stack's replicas
+    do (the API 0.5, each served model 0.5); alive once this returns."""
+    import ray
+
+    @ray.remote(num_cpus=cpus)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.remote()  # type: ignore[attr-defined]
+    assert ray.get(holder.ready.remote(), timeout=60)
+    return holder
+
+
+def _release(holder: Any, cpus: float) -> None:
+    """Kill the holder and wait until its CPUs are free again (``ray.kill`` returns first)."""
+    import ray
+
+    ray.kill(holder)
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) < cpus:  # type: ignore[no-untyped-call]
+        assert time.monotonic() < deadline, "the holder's CPUs did not come back"
+        time.sleep(0.2)
+
+
+def test_ingest_fits_beside_a_stack_that_holds_most_cpus(
+    ray_cluster: object, db: Database, org: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With only half a CPU free (the local stack on 2 CPUs), the read and graph stages ask
+    a share of it, one task at a time, instead of a whole CPU each, which never came."""
+    import ray
+
+    free = ray.available_resources()["CPU"]  # type: ignore[no-untyped-call]
+    holder = _hold_cpus(free - 0.5)  # whatever else the test run left holds the rest
+    try:
+        corpus = make_corpus(tmp_path)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            ingest = pool.submit(run_ingest, org, "fit", [corpus], dsn=db.dsn, embed=False,
+                                 max_line_bytes=4096)  # fmt: skip
+            try:
+                report = ingest.result(timeout=180)
+            except concurrent.futures.TimeoutError:
+                ray.kill(holder)  # lets the hung job end; the test fails either way
+                ingest.result(timeout=180)
+                pytest.fail("the ingest job waited for CPUs the holder reserved")
+    finally:
+        _release(holder, free)
+    assert (report.read, report.failed) == (5, 0)
+    assert report.published is not None and report.graph is not None
+    said = capsys.readouterr().err
+    assert "ingest: the tasks fit beside the cluster's others: 0.25 CPU each, 1 at a time" in said
+    assert "(0.5 of 2 CPUs free" in said and "waiting for resources" not in said
+
+
+def test_ingest_says_what_it_waits_for_when_nothing_is_free(
+    ray_cluster: object, db: Database, org: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every CPU reserved: the job says within seconds what a task asks and what is free,
+    and goes on once CPUs are freed."""
+    import ray
+
+    free = ray.available_resources()["CPU"]  # type: ignore[no-untyped-call]
+    holder = _hold_cpus(free)
+    corpus = make_corpus(tmp_path)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        ingest = pool.submit(run_ingest, org, "wait", [corpus], dsn=db.dsn, embed=False,
+                             max_line_bytes=4096)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            said = ""
+            while "waiting for resources" not in said and time.monotonic() < deadline:
+                assert not ingest.done(), "it ran with every CPU reserved?"
+                time.sleep(0.5)
+                said += capsys.readouterr().err
+        finally:
+            _release(holder, free)
+        report = ingest.result(timeout=180)
+    assert (
+        "ingest: no result for 5 s, waiting for resources: each task asks 1 CPU and the "
+        "cluster has 0 of 2 CPUs free"
+    ) in said, said
+    assert "`ray status` lists the demand" in said
+    assert (report.read, report.failed) == (5, 0)

@@ -400,7 +400,11 @@ class OrgExecutor:
 
 
 async def test_the_supervisor_resumes_orphans_and_fails_runs_out_of_attempts(
-    db: Database, settings: Settings, effect_tables: None, org: str
+    db: Database,
+    settings: Settings,
+    effect_tables: None,
+    org: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     policy = RunPolicy(max_attempts=3, orphan_grace_s=0.0, supervise_interval_s=3600)
     runtime = await open_runtime(settings, db, "sup", policy)
@@ -438,6 +442,20 @@ async def test_the_supervisor_resumes_orphans_and_fails_runs_out_of_attempts(
         assert hopeless.id not in executor.started
         assert (await runtime.store.run_status(org, held.id)) is RunStatus.RUNNING
         assert held.id not in executor.started
+        # The resume is said, at WARNING (seen with no logging configured, as in the API
+        # replica), once, naming the run and the attempt (docs/operations.md).
+        said = [
+            r
+            for r in caplog.records
+            if r.name == "cortex_ray.supervisor" and "nobody was driving it" in r.getMessage()
+        ]
+        mine = [r for r in said if f"org {org})" in r.getMessage()]
+        assert [(r.levelno, r.getMessage()) for r in mine] == [
+            (
+                logging.WARNING,
+                f"run {interrupted.id} (org {org}): nobody was driving it; resumed (attempt 1)",
+            )
+        ]
     finally:
         await supervisor.aclose()
         await executor.inner.aclose()
@@ -477,8 +495,8 @@ async def test_runs_resume_on_a_held_run_says_who_holds_it_and_can_wait_for_it(
     pair: tuple[Runtime, Runtime], org: str, db: Database
 ) -> None:
     """`cortex-ray runs resume` while the API drives the run: it says who holds the run
-    and leaves it alone; with --wait it waits, and takes the run over once the holder
-    lets go."""
+    and leaves it alone, at once (before it loads a model) and as its one error line;
+    with --wait it waits, and takes the run over once the holder lets go."""
     a, _ = pair
     agent = await a.create_agent(org, "held", mode=AgentMode.AUTONOMOUS, tools=["current_time"])
     run = await a.start_run(org, agent.id, "check the time", max_steps=2)
@@ -494,13 +512,18 @@ async def test_runs_resume_on_a_held_run_says_who_holds_it_and_can_wait_for_it(
         "COLUMNS": "200",
     }
     args = [*CLI, "--org", org, "runs", "resume", str(run.id)]
+    # A model that cannot load: the refusal comes before any model is opened (it took
+    # 38.8 s with the main job's models loaded first), so this never fails on it.
+    unloadable = {"CORTEX_MODEL_BACKEND": "local", "CORTEX_MODELS__LOCAL_PATH": "/nowhere.gguf"}
     refused = await asyncio.to_thread(
-        subprocess.run, args, env=env, capture_output=True, text=True, timeout=120
+        subprocess.run, args, env=env | unloadable, capture_output=True, text=True, timeout=120
     )
     assert refused.returncode == 1, (refused.stdout, refused.stderr)
-    assert f"run {run.id} is being driven by {api}" in refused.stderr
-    assert "not resumed here" in refused.stderr
-    assert "status: RUNNING" in refused.stdout
+    (line,) = refused.stderr.strip().splitlines()  # the refusal, first and alone
+    assert line.startswith(f"error: run {run.id} is being driven by {api}")
+    assert "not resumed here" in line and f"runs show {run.id}" in line
+    assert "model file not found" not in refused.stderr
+    assert refused.stdout == ""  # no step table before or after it
     assert (await a.store.get_run(org, run.id)).steps == ()
 
     waiting = await asyncio.create_subprocess_exec(

@@ -109,6 +109,29 @@ def test_the_removed_embedding_dim_says_why(clean_env: pytest.MonkeyPatch) -> No
     assert "schema" in hint and "not a setting" in hint and "docs/operations.md" in hint
 
 
+def test_the_hint_suggests_only_close_names() -> None:
+    """The shared ``CORTEX_`` prefix does not make two names alike: a different word gets no
+    suggestion (``CORTEX_CHECKOUT`` was told ``CORTEX_RECALL_K``), a typo still does."""
+    hints = unknown_variables(
+        {
+            "CORTEX_CHECKOUT": "",
+            "CORTEX_FOO": "",
+            "CORTEX_LOG": "",
+            "CORTEX_DATADIR": "",
+            "CORTEX_MODLE_URL": "",
+            "cortex_api__prot": "",
+        }
+    )
+    assert hints == {
+        "CORTEX_CHECKOUT": "no setting is close",
+        "CORTEX_FOO": "no setting is close",
+        "CORTEX_LOG": "no setting is close",
+        "CORTEX_DATADIR": "did you mean CORTEX_DATA_DIR?",
+        "CORTEX_MODLE_URL": "did you mean CORTEX_MODEL_URL?",
+        "cortex_api__prot": "did you mean CORTEX_API__PORT?",
+    }
+
+
 def test_strict_mode_raises_naming_every_unknown_variable(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("CORTEX_API__PROT", "1")
     clean_env.setenv("CORTEX_EMBEDDING_DIM", "768")

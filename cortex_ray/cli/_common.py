@@ -17,8 +17,8 @@ import os
 import shlex
 import sys
 import warnings
-from collections.abc import AsyncIterator, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 from uuid import UUID
@@ -37,6 +37,7 @@ from cortex_ray.memory import EMBEDDING_DIM
 from cortex_ray.models import HashEmbedder
 from cortex_ray.runtime import Runtime
 from cortex_ray.settings import load_settings
+from cortex_ray.storage import Database, database_label
 
 __all__ = [
     "EXIT_ERROR",
@@ -111,9 +112,9 @@ def execute(work: Coroutine[Any, Any, int]) -> None:
         typer.echo("interrupted", err=True)
         raise typer.Exit(exc.exit_code) from None
     except InvalidRequestError as exc:
-        fail(str(exc), EXIT_INVALID)
+        fail(_message(exc), EXIT_INVALID)
     except CortexError as exc:
-        fail(str(exc), EXIT_ERROR)
+        fail(_message(exc), EXIT_ERROR)
     except pydantic.ValidationError as exc:
         # Boundary models (Agent, ...) validate what the user typed, e.g. an empty name.
         fail(validation_message(exc, "invalid input: "), EXIT_INVALID)
@@ -124,19 +125,25 @@ def execute(work: Coroutine[Any, Any, int]) -> None:
 
 
 @asynccontextmanager
-async def open_runtime(*, with_models: bool) -> AsyncIterator[Runtime]:
+async def open_runtime(*, with_models: bool, db: Database | None = None) -> AsyncIterator[Runtime]:
     """An open runtime, always closed again. Without models it loads neither model file,
-    which keeps the bookkeeping commands fast."""
+    which keeps the bookkeeping commands fast. On ``db`` (another runtime's, left open) it
+    opens no database of its own."""
     settings = load_settings()
-    where = "connecting to PostgreSQL" if settings.storage.database_url else "starting PostgreSQL"
-    label = f"{where} and loading models…" if with_models else f"{where}…"
-    with err.status(label):
+    database = database_label(settings.storage.database_url, settings.storage.data_dir)
+    where = "connecting to" if settings.storage.database_url else "starting"
+    label = f"{where} {database}" + (" and loading models…" if with_models else "…")
+    if db is not None:
+        label = "loading models…" if with_models else "opening…"
+    with err.status(label), _naming_the_database(database):
         if with_models:
-            runtime = await Runtime.open(settings)
+            runtime = await Runtime.open(settings, db=db)
         else:
-            runtime = await Runtime.open(settings, model=None, embedder=HashEmbedder(EMBEDDING_DIM))
+            hashed = HashEmbedder(EMBEDDING_DIM)
+            runtime = await Runtime.open(settings, model=None, embedder=hashed, db=db)
     try:
-        yield runtime
+        with _naming_the_database(database):
+            yield runtime
     except asyncio.CancelledError:
         # Ctrl-C: a model call may still be running in its worker thread, and closing the
         # llama.cpp model under it crashes the process. Close only the database; the model
@@ -148,6 +155,24 @@ async def open_runtime(*, with_models: bool) -> AsyncIterator[Runtime]:
         raise
     else:
         await runtime.close()
+
+
+@contextmanager
+def _naming_the_database(database: str) -> Iterator[None]:
+    """A cortex-ray error raised inside says which database it met (a PEP 678 note, which
+    :func:`execute` prints): ``no API key ... in organisation 'x'`` depends on where the
+    command looked, and without ``CORTEX_DATA_DIR`` that may not be where one thinks."""
+    try:
+        yield
+    except CortexError as exc:
+        exc.add_note(f"database: {database}")
+        raise
+
+
+def _message(exc: CortexError) -> str:
+    """The error's text, then its notes in parentheses (the database it met)."""
+    notes = getattr(exc, "__notes__", [])
+    return f"{exc} ({'; '.join(notes)})" if notes else str(exc)
 
 
 def parse_uuid(value: str, what: str) -> UUID:

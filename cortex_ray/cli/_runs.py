@@ -4,13 +4,15 @@ acceptance of shadow runs), ``cortex-ray trace`` and ``cortex-ray diagnose``."""
 from __future__ import annotations
 
 import json
+from contextlib import AsyncExitStack
 from typing import Annotated
 
 import typer
 from rich.text import Text
 
-from cortex_ray._types import Principal, RunStatus
+from cortex_ray._types import Principal, RunStatus, TaskRun
 from cortex_ray.cli._common import (
+    EXIT_ERROR,
     as_operator,
     err,
     execute,
@@ -24,6 +26,7 @@ from cortex_ray.cli._common import (
 from cortex_ray.cli._runview import STATUS_STYLE, drive_live, print_run, run_exit_code, say_busy
 from cortex_ray.governance import RunLabel
 from cortex_ray.observability import waterfall
+from cortex_ray.runtime import Runtime
 
 __all__ = ["diagnose_command", "runs_app", "trace_command"]
 
@@ -65,21 +68,33 @@ def runs_resume(
     """Continue a RUNNING run after its last recorded step (after a crash or Ctrl-C).
 
     One driver per run: a run another driver holds (the API's executor, another resume)
-    is not driven here; the command says who holds it and exits 1, or with --wait waits.
+    is not driven here; the command says who holds it and exits 1 at once, or with --wait
+    waits.
     """
     org = org_of(ctx)
 
     async def work() -> int:
         key = parse_uuid(run_id, "run")
         operator = as_operator(org)
-        async with open_runtime(with_models=True) as runtime:
+        # The models load only once this command is to drive the run (in ``drive``): a run
+        # another driver holds is refused first, without waiting for them.
+        async with open_runtime(with_models=False) as runtime, AsyncExitStack() as loaded:
             run = await runtime.get_run(org, key, principal=operator)
             agent = await runtime.get_agent(org, run.agent_id, principal=operator)
+            driver: list[Runtime] = []
+
+            async def drive(current: TaskRun) -> TaskRun:
+                if not driver:
+                    opened = open_runtime(with_models=True, db=runtime.db)
+                    driver.append(await loaded.enter_async_context(opened))
+                return await drive_live(driver[0], org, current, agent, resume=True)
+
             if run.status is RunStatus.RUNNING:
                 run = await runtime.resume_or_wait(
-                    org, run, principal=operator, wait=wait, on_busy=say_busy,
-                    drive=lambda current: drive_live(runtime, org, current, agent, resume=True),
-                )  # fmt: skip
+                    org, run, principal=operator, wait=wait, on_busy=say_busy, drive=drive
+                )
+                if run.status is RunStatus.RUNNING:  # left to its driver: refused above
+                    return EXIT_ERROR
             else:
                 err.print(Text(f"run {run.id} already ended: {run.status.value}"))
         print_run(run, agent.name)

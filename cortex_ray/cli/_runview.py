@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import typer
 from rich import box
 from rich.status import Status
 from rich.table import Table
@@ -164,13 +165,12 @@ async def drive_live(
 def say_busy(run: TaskRun, holder: LeaseHolder, waiting: bool) -> None:
     """Another driver holds ``run``: say who, and whether this command waits for it."""
     until = f"{holder.expires_at:%Y-%m-%d %H:%M:%S %Z}" if holder.expires_at else "?"
-    if not waiting:
-        err.print(
-            Text(
-                f"run {run.id} is being driven by {holder.owner} (lease renewed, next "
-                f"expiry {until}); not resumed here. --wait waits for it to end"
-            ),
-            soft_wrap=True,
+    if not waiting:  # the refusal: the command's one error line (its steps: runs show)
+        typer.echo(
+            f"error: run {run.id} is being driven by {holder.owner} (lease renewed, next "
+            f"expiry {until}); not resumed here. --wait waits for it to end; "
+            f"cortex-ray --org {run.org_id} runs show {run.id} shows its steps",
+            err=True,
         )
         return
     err.print(

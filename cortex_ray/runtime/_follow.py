@@ -59,17 +59,20 @@ async def resume_or_wait(
     """Drive the RUNNING ``run`` here; while another driver holds its lease, tell
     ``on_busy`` and either return the run (``wait`` False) or poll until the run ends,
     driving it again whenever its lease is free (its driver stopped). Returns the run as it
-    ended, or still RUNNING when left to another driver."""
+    ended, or still RUNNING when left to another driver.
+
+    The lease is asked before ``drive`` is first called, so a run another driver holds is
+    refused (or waited for) at once, before anything a drive needs is prepared (the CLI
+    loads its models only inside ``drive``: seconds to tens of seconds)."""
 
     async def resume(current: TaskRun) -> TaskRun:
         return await runs.resume_run(org_id, current.id, principal=principal)
 
     step = drive or resume
-    run = await step(run)
     told = False
     while run.status is RunStatus.RUNNING:
         holder = await runs.run_lease(org_id, run.id, principal=principal)
-        if not holder.live:  # free again (its driver stopped): ours to drive
+        if not holder.live:  # nobody drives it (or its driver stopped): ours to drive
             run = await step(run)
             continue
         if not wait:

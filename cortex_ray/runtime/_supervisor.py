@@ -139,7 +139,10 @@ class RunSupervisor:
             except Exception as exc:  # the executor away for now: the next sweep tries again
                 log.warning("run %s: could not be resumed now: %s", orphan.run_id, exc)
                 continue
-            log.info(
+            # A WARNING: a driver was lost (a crash, a stop mid-run), which an operator
+            # wants to see; and no entry point configures INFO for the API replica, where
+            # this runs, so at INFO the line never reached `python -m serve`'s output.
+            log.warning(
                 "run %s (org %s): nobody was driving it; resumed (attempt %d)",
                 orphan.run_id, orphan.org_id, orphan.attempts + 1,
             )  # fmt: skip
@@ -158,7 +161,7 @@ class RunSupervisor:
             except Exception as exc:  # the executor away for now: the next sweep tries again
                 log.warning("turn %s: could not be recovered now: %s", orphan.turn_id, exc)
                 continue
-            log.info(
+            log.warning(  # as a run's (above)
                 "turn %s (session %s, org %s): nobody was driving it; recovered",
                 orphan.turn_id, orphan.session_id, orphan.org_id,
             )  # fmt: skip

@@ -21,7 +21,7 @@ import logging
 import os
 import types
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -284,9 +284,25 @@ def unknown_variables(environ: Mapping[str, str | None] | None = None) -> dict[s
         if upper in _REMOVED:
             found[name] = _REMOVED[upper]
             continue
-        close = difflib.get_close_matches(upper, known, n=1, cutoff=0.6)
-        found[name] = f"did you mean {close[0]}?" if close else "no setting is close"
+        close = _closest(upper, known)
+        found[name] = f"did you mean {close}?" if close else "no setting is close"
     return found
+
+
+_CLOSE_CUTOFF = 0.75
+"""How alike (difflib's ratio, 0-1) the part after ``CORTEX_`` must be to count as a likely
+typo: one or two letters wrong, missing or swapped in a name of six or more (``API__PROT``,
+``SESSIONS__IDLE_TIMOUT_S``), not a different word that shares a few letters."""
+
+
+def _closest(upper: str, known: Sequence[str]) -> str | None:
+    """The valid variable ``upper`` most likely misspells, or None where none is close.
+
+    The shared ``CORTEX_`` prefix is left out of the comparison: counted, it made any two
+    names look alike (``CHECKOUT`` came out "close" to ``CORTEX_RECALL_K``)."""
+    by_rest = {name[len(ENV_PREFIX) :]: name for name in known}
+    close = difflib.get_close_matches(upper[len(ENV_PREFIX) :], by_rest, n=1, cutoff=_CLOSE_CUTOFF)
+    return by_rest[close[0]] if close else None
 
 
 def _variable_of(loc: tuple[int | str, ...]) -> str:

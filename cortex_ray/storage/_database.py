@@ -13,13 +13,14 @@ from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector_async
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from cortex_ray._exceptions import ConfigurationError, StorageError
 from cortex_ray.settings import StorageOptions
 
-__all__ = ["Database", "EmbeddedPostgres", "migrate"]
+__all__ = ["Database", "EmbeddedPostgres", "database_label", "migrate"]
 
 log = logging.getLogger("cortex_ray.storage")
 _MIGRATIONS = Path(__file__).with_name("migrations")
@@ -130,6 +131,32 @@ def _is_holder(pid: int, written: float) -> bool:
         return False
     except psutil.AccessDenied:
         return True
+
+
+def database_label(database_url: str | None, data_dir: Path) -> str:
+    """Which database a process uses, for its messages: the embedded server's folder, or a
+    DSN's host, port and database name. Never its password (nor its user or options).
+
+    >>> database_label(None, Path("/var/lib/cortex-ray"))
+    'the embedded PostgreSQL in /var/lib/cortex-ray/pg'
+    >>> database_label("postgresql://me:secret@db.example:6432/cortex", Path("/x"))
+    "PostgreSQL database 'cortex' on db.example:6432"
+    """
+    if not database_url:
+        return f"the embedded PostgreSQL in {data_dir / 'pg'}"
+    try:
+        params = conninfo_to_dict(database_url)
+    except psycopg.ProgrammingError:
+        return "a PostgreSQL whose DSN does not parse"
+    hosts = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")
+    ports = str(params.get("port") or "5432").split(",")
+    ports += ports[-1:] * (len(hosts) - len(ports))  # libpq: one port serves every host
+    where = ",".join(
+        f"the socket in {host}" if host.startswith("/") else f"{host}:{port or 5432}"
+        for host, port in zip(hosts, ports, strict=False)
+    )
+    dbname = str(params.get("dbname") or params.get("user") or "postgres")
+    return f"PostgreSQL database {dbname!r} on {where}"
 
 
 def _sqlalchemy_url(dsn: str) -> str:
