@@ -105,6 +105,9 @@ from cortex_ray.settings import (
 )
 
 __all__ = [
+    "MAX_JSON_DEPTH",
+    "NAME_PATTERN",
+    "NAME_RULE",
     "AccessDeniedError",
     "ActionType",
     "Agent",
@@ -133,13 +136,10 @@ __all__ = [
     "InvalidRequestError",
     "LeaseLost",
     "LocalSpans",
-    "MAX_JSON_DEPTH",
     "MemoryKind",
     "MemoryRecord",
     "MemorySnapshot",
     "ModelError",
-    "NAME_PATTERN",
-    "NAME_RULE",
     "NotFoundError",
     "Observation",
     "ObservationStatus",
