@@ -47,7 +47,7 @@ PYTHON = "3.11"
 PLATFORM = "x86_64-manylinux_2_34"
 COMPILE_COMMAND = "./dev lock"
 # Where the resolver finds the CPU build of torch (PyPI's Linux torch is the CUDA build):
-# the copy on this machine's disk, else PyTorch's CPU index. `CORTEX_TORCH_CPU_WHEELS`
+# the copy on this machine's disk, else PyTorch's CPU index. `LOCK_TORCH_CPU_WHEELS`
 # overrides it (a folder or a page of links).
 TORCH_CPU_WHEELS = ("/opt/wheels", "https://download.pytorch.org/whl/cpu/torch/")
 
@@ -120,15 +120,16 @@ def requirements_of(target: Target, pins: Pins, root: Path = ROOT) -> list[str]:
     return sorted({str(Requirement(line)) for line in wanted})
 
 
-def _pins_of(path: Path) -> dict[str, str]:
-    """name -> version of every `name==version` line of a lock file."""
+def _pins_of(path: Path, found: list[str] | None = None) -> dict[str, str]:
+    """name -> version of every `name==version` line of a lock file (a second pin of the
+    same name is added to `found`)."""
     pins: dict[str, str] = {}
     for line in path.read_text().splitlines():
         match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(\S+)", line)
         if match:
             name = canonicalize_name(match.group(1))
-            if name in pins:
-                raise SystemExit(f"error: {path.relative_to(ROOT)} pins {name} twice")
+            if name in pins and found is not None:
+                found.append(f"{path.parent.name}/{path.name} pins {name} twice")
             pins[name] = match.group(3)
     return pins
 
@@ -150,7 +151,7 @@ def inputs_of(target: Target, pins: Pins, uv_version: str, root: Path = ROOT) ->
 
 
 def _torch_cpu_wheels() -> str:
-    chosen = os.environ.get("CORTEX_TORCH_CPU_WHEELS")
+    chosen = os.environ.get("LOCK_TORCH_CPU_WHEELS")
     if chosen:
         return chosen
     local, index = TORCH_CPU_WHEELS
@@ -214,7 +215,7 @@ def problems(pins: Pins, root: Path = ROOT) -> list[str]:
                              f"longer asked for: {gone}")  # fmt: skip
             else:
                 found.append(f"{name}: {key} was {before.get(key)!r}, is {now.get(key)!r}")
-        locked = _pins_of(path)
+        locked = _pins_of(path, found)
         for line in requirements_of(target, pins, root):
             requirement = Requirement(line)
             environment = {"python_version": PYTHON, "sys_platform": "linux",
