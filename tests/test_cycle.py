@@ -595,7 +595,7 @@ async def test_interactive_agents_do_not_run_tasks_and_bad_names_are_rejected(
     loner = await runtime.create_agent(org, "loner", mode=AgentMode.AUTONOMOUS)
     with pytest.raises(InvalidRequestError, match="set its mode to INTERACTIVE"):
         await runtime.open_session(org, loner.id, person(org))
-    with pytest.raises(InvalidRequestError, match="invalid agent: name"):
+    with pytest.raises(InvalidRequestError, match="agent name '': 1 to 128 characters"):
         await runtime.create_agent(org, "   ")
     with pytest.raises(InvalidRequestError, match="unknown tools: nope"):
         await runtime.create_agent(org, "x", tools=["nope"])
