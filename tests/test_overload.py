@@ -190,7 +190,15 @@ def api_app(models_app: str, serve_port: int, settings: Any, db: Any) -> Iterato
             "model_max_tokens": 32,
             "pool_max_size": 2,
             "api": settings.api.model_copy(update={"num_cpus": 0}),
-            "sessions": settings.sessions.model_copy(update={"turn_deadline_s": DEADLINE_S}),
+            # its own namespace: a session directory another test's API left in the default
+            # one keeps warm actors made with that test's settings (a models app since
+            # deleted), and a turn here handed one failed with "its actor failed to start"
+            "sessions": settings.sessions.model_copy(
+                update={
+                    "turn_deadline_s": DEADLINE_S,
+                    "namespace": f"overload-{uuid.uuid4().hex[:8]}",
+                }
+            ),
         }
     )
     app, prefix = "cortex-api-overload", f"/overload-{uuid.uuid4().hex[:6]}"
