@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from uuid import UUID
 
-from cortex_ray import graph as _graph
+import cortex_ray.graph as _graph
 from cortex_ray._exceptions import InvalidRequestError
 from cortex_ray._types import Principal
 from cortex_ray.access import UseCase

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cortex_ray import graph as _graph
+import cortex_ray.graph as _graph
 from cortex_ray._exceptions import InvalidRequestError, UnavailableError
 from cortex_ray._types import Principal
 from cortex_ray.access import UseCase

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from uuid import uuid4
 
-from cortex_ray import graph as _graph
+import cortex_ray.graph as _graph
 from cortex_ray._exceptions import ConfigurationError
 from cortex_ray.access import AccessControlService
 from cortex_ray.act import (
