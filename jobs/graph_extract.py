@@ -65,7 +65,7 @@ from cortex_ray.graph import (
     model_method_version,
     plan_batches,
 )
-from cortex_ray.models import BACKGROUND_PRIORITY, ModelClient, open_models
+from cortex_ray.models import BACKGROUND_PRIORITY, ModelClient, open_models, waiting_until
 from jobs._entry import EXIT_INVALID, fail, job_default, job_options, job_settings, run_job
 
 __all__ = ["ExtractOptions", "ModelExtractReport", "ModelExtractor", "main", "run_model_extraction"]
@@ -85,6 +85,7 @@ class ExtractOptions:
     confidence: float = job_default("graph_model_confidence")
     retries: int = job_default("graph_model_retries")
     max_tokens: int = job_default("graph_model_max_tokens")
+    wait_s: float = job_default("graph_model_wait_s")
 
 
 @dataclass
@@ -160,19 +161,23 @@ class ModelExtractor:
         batches = plan_batches(passages, batch_passages=o.batch_passages, batch_chars=o.batch_chars)
         total = BatchOutcome()
         for i in range(0, len(batches), o.in_flight):
-            for got in await asyncio.gather(
-                *(
-                    extract_batch(
-                        self._client,
-                        b,
-                        confidence=o.confidence,
-                        retries=o.retries,
-                        max_tokens=o.max_tokens,
-                        priority=BACKGROUND_PRIORITY,  # what people wait for goes first
+            # Behind what people wait for, in the model's line: a busy model makes the job
+            # wait (each round of calls at most wait_s), never fail on the first full line.
+            with waiting_until(time.monotonic() + o.wait_s, "the graph extraction's wait"):
+                got_all = await asyncio.gather(
+                    *(
+                        extract_batch(
+                            self._client,
+                            b,
+                            confidence=o.confidence,
+                            retries=o.retries,
+                            max_tokens=o.max_tokens,
+                            priority=BACKGROUND_PRIORITY,
+                        )
+                        for b in batches[i : i + o.in_flight]
                     )
-                    for b in batches[i : i + o.in_flight]
                 )
-            ):
+            for got in got_all:
                 total.add(got)
         written = self._writer.write_version(
             self._org,
@@ -391,6 +396,7 @@ def main(
         confidence=job.graph_model_confidence,
         retries=job.graph_model_retries,
         max_tokens=job.graph_model_max_tokens,
+        wait_s=job.graph_model_wait_s,
     )
 
     def work(dsn: str | None) -> str:

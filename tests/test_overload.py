@@ -24,7 +24,7 @@ import httpx2
 import pytest
 
 from cortex_ray import DeadlineExceededError, Grant, ModelError, Principal
-from cortex_ray.models import ChatMessage, ChatRequest, waiting_until
+from cortex_ray.models import BACKGROUND_PRIORITY, ChatMessage, ChatRequest, waiting_until
 
 ray_serve = pytest.importorskip("ray.serve")
 
@@ -154,6 +154,23 @@ async def test_a_full_line_waits_for_the_deadline_instead_of_failing(
             answer = await client.chat(SHORT)
     assert answer.content is not None
     assert (await _load(client))["refused"] > refused  # it did meet a full line, and waited
+
+
+async def test_background_work_with_a_deadline_waits_behind_the_line_too(
+    client: HandleModelClient,
+) -> None:
+    """A corpus job's call (background priority, the graph extraction's) keeps its place or
+    tries again until its deadline: a full line made such a job fail after one wait (a CI
+    run's graph extraction failed so while the rest of the suite held the model)."""
+    background = SHORT.model_copy(update={"priority": BACKGROUND_PRIORITY})
+    async with _full_line(client):
+        with pytest.raises(ModelError, match="over capacity"):
+            await client.chat(background)  # no deadline: one try, as the rescorer wants
+        refused = (await _load(client))["refused"]
+        with waiting_until(time.monotonic() + 300, "the job's wait"):
+            answer = await client.chat(background)
+    assert answer.content is not None
+    assert (await _load(client))["refused"] > refused
 
 
 async def test_a_call_whose_deadline_passes_in_a_full_line_says_so(

@@ -4,6 +4,7 @@ the model, after the write (``ImportanceRescorer``) so that no write waits on a 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -321,8 +322,14 @@ class ImportanceRescorer:
             self._loop = loop
             self._pending = 0
             self._queue = asyncio.Queue(self.queue_size)
+            # The workers outlive the job that starts them: none of its context (a turn's
+            # model deadline, its span) goes with them.
             self._workers = [
-                loop.create_task(self._work(self._queue), name=f"importance-rescorer-{i}")
+                loop.create_task(
+                    self._work(self._queue),
+                    name=f"importance-rescorer-{i}",
+                    context=contextvars.Context(),
+                )
                 for i in range(self.concurrency)
             ]
         return self._queue

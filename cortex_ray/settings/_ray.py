@@ -279,6 +279,13 @@ class IngestJobOptions(BaseModel):
     graph_model_max_tokens: int = Field(
         default=1024, ge=64, description="the longest answer of one model call, in tokens"
     )
+    graph_model_wait_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="how long one model call of jobs.graph_extract waits for a model over "
+        "capacity (it asks behind interactive work, keeping its place or trying again), "
+        "after which the job fails",
+    )
 
 
 class GraphProjectionOptions(BaseModel):

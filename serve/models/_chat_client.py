@@ -132,7 +132,7 @@ class HandleModelClient:
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         body = self._body(request)
-        deadline = current_deadline() if request.priority <= 0 else None
+        deadline = current_deadline()
         if deadline is not None:
             result = await self._until(body, deadline)
         else:
