@@ -1,0 +1,35 @@
+"""Model Context Protocol: MCP servers as governed connectors (docs/connectors.md).
+
+The vocabulary (:mod:`cortex_ray.mcp._types`) is what the governance layer and the gate
+speak; the client that talks to servers implements :class:`McpClient` with the official
+``mcp`` SDK."""
+
+from cortex_ray.mcp._types import (
+    McpCallResult,
+    McpClient,
+    McpContent,
+    McpCredentials,
+    McpElicitation,
+    McpElicitationAnswer,
+    McpProgress,
+    McpServerConfig,
+    McpToolAnnotations,
+    McpToolDefinition,
+    McpTransport,
+    mcp_tool_name,
+)
+
+__all__ = [
+    "McpCallResult",
+    "McpClient",
+    "McpContent",
+    "McpCredentials",
+    "McpElicitation",
+    "McpElicitationAnswer",
+    "McpProgress",
+    "McpServerConfig",
+    "McpToolAnnotations",
+    "McpToolDefinition",
+    "McpTransport",
+    "mcp_tool_name",
+]
