@@ -165,7 +165,9 @@ def _sqlalchemy_url(dsn: str) -> str:
             return "postgresql+psycopg://" + dsn[len(prefix) :]
     if dsn.startswith("postgresql+psycopg://"):
         return dsn
-    raise ConfigurationError(f"not a PostgreSQL URL: {dsn!r}")
+    # the scheme alone: the rest of a URL may carry a password
+    scheme = dsn.split("://", 1)[0] if "://" in dsn else "no scheme"
+    raise ConfigurationError(f"not a PostgreSQL URL ({scheme!r}): want postgresql://...")
 
 
 def schema_head() -> str:
