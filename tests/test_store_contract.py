@@ -306,6 +306,24 @@ async def test_sessions_are_scoped_and_need_an_agent(
         await store.create_session(Session(org_id=other_org, agent_id=agent.id, caller_id="a"))
 
 
+async def test_a_second_end_of_a_session_keeps_the_first_ones_time(
+    db: Any, store: Any, org: str
+) -> None:
+    """Two ends of one session racing (a client's and the directory's): the session ended
+    when it first ended."""
+    from cortex_ray._types import SessionStatus, utcnow
+
+    agent = await store.create_agent(_agent(org))
+    session = await store.create_session(Session(org_id=org, agent_id=agent.id, caller_id="a"))
+    first = utcnow()
+    async with db.transaction() as conn:
+        await store.end_session(conn, org, session.id, first)
+    async with db.transaction() as conn:
+        await store.end_session(conn, org, session.id, first + timedelta(minutes=5))
+    ended = await store.get_session(org, session.id)
+    assert ended.status is SessionStatus.ENDED and ended.ended_at == first
+
+
 async def test_a_conversation_keeps_committed_messages_in_order(
     backend: Backend, org: str, other_org: str
 ) -> None:

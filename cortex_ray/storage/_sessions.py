@@ -72,8 +72,10 @@ class SessionRows(StoreRows):
 
     @staticmethod
     async def end_session(conn: Conn, org_id: str, session_id: UUID, at: datetime) -> None:
+        # The first end's time stands: a second, concurrent end does not rewrite it.
         await conn.execute(
-            "UPDATE sessions SET status = 'ENDED', ended_at = %s WHERE org_id = %s AND id = %s",
+            "UPDATE sessions SET status = 'ENDED', ended_at = COALESCE(ended_at, %s) "
+            "WHERE org_id = %s AND id = %s",
             (at, org_id, session_id),
         )
 
