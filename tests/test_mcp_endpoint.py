@@ -233,7 +233,7 @@ async def test_refusals_and_bad_requests_are_tool_errors(api: Api) -> None:
         )
         invalid = await client.call_tool("knowledge_search", {"query": ""})
     assert denied.is_error and "forbidden (403)" in _text(denied)
-    assert unknown.is_error and "not_found (404)" in _text(unknown)
+    assert unknown.is_error and "not_found (404)" in _text(unknown), _text(unknown)
     assert "nobody" in _text(unknown)
     assert both.is_error and "either agent" in _text(both)
     assert invalid.is_error and "query" in _text(invalid)
@@ -277,3 +277,43 @@ async def test_the_openai_agents_sdk_lists_and_calls_the_tools(api: Api) -> None
     assert payload["hits"][0]["sourceId"] == api.source_id
     rows = await api.runtime.store.audit_rows(api.org)
     assert any(r["tool"] == "knowledge.search" and r["principal_id"] == "mia" for r in rows)
+
+
+async def test_graph_and_memory_search_read_what_the_store_holds(api: Api) -> None:
+    from cortex_ray.graph import Triple
+
+    ada = await api.runtime.authenticate(api.keys["ada"])
+    assert ada is not None
+    fact = Triple(
+        subject_type="service",
+        subject="payments-db",
+        predicate="replicates_to",
+        object_type="service",
+        object="nightingale",
+    )
+    await api.runtime.submit_triples(api.org, [fact], principal=ada)
+    async with api.client("ada") as client:
+        ran = await client.call_tool("run_task", {"agent": "worker", "goal": "what time is it"})
+        assert ran.structured_content["status"] == "COMPLETED"
+        recalled = await client.call_tool(
+            "memory_search", {"agent": "worker", "query": "what time is it", "k": 3}
+        )
+    async with api.client("mia") as client:
+        graph = await client.call_tool("graph_search", {"terms": ["payments-db"]})
+        refused = await client.call_tool("memory_search", {"agent": "worker", "query": "time"})
+    assert not graph.is_error, _text(graph)
+    (found,) = graph.structured_content["facts"]
+    assert (found["subject"]["name"], found["predicate"], found["object"]["name"]) == (
+        "payments-db", "replicates_to", "nightingale",
+    )  # fmt: skip
+    assert found["citation"] == "submitted by ada"
+
+    assert not recalled.is_error, _text(recalled)
+    results = recalled.structured_content["results"]
+    _, direct = await api.runtime.search_memory(
+        api.org, "worker", "what time is it", k=3, principal=ada
+    )
+    assert [r["memory"]["id"] for r in results] == [str(h.memory.id) for h in direct]
+    assert results and any("time" in r["memory"]["content"].lower() for r in results)
+    # memory_search is decided with the agent: its grant (current_time) ∩ the caller's.
+    assert refused.is_error and "forbidden (403)" in _text(refused)
