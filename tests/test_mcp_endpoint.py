@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from cortex_ray import AgentMode, Grant, Principal, Runtime
+from cortex_ray import AgentMode, Grant, Principal, Runtime, Settings
 from cortex_ray.knowledge import KnowledgeWriter
-from cortex_ray.models import ChatRequest, ScriptedModelClient
+from cortex_ray.memory import HeuristicImportanceScorer
+from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient
 from cortex_ray.storage import Database
 
 uvicorn = pytest.importorskip("uvicorn")
@@ -29,8 +32,11 @@ httpx2 = pytest.importorskip("httpx2")
 mcp_client = pytest.importorskip("mcp.client")
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
-from serve import create_app  # noqa: E402
+from serve import build_api, create_app  # noqa: E402
 from serve.mcp import TOOL_NAMES  # noqa: E402
+
+# tests/ is not importable in a Serve replica: ship this module's functions by value.
+pytest.importorskip("ray.cloudpickle").register_pickle_by_value(sys.modules[__name__])
 
 DOC = b"# Zebras\n\nThe zebra timetable runs on Tuesdays.\n\nNothing else here.\n"
 
@@ -317,3 +323,68 @@ async def test_graph_and_memory_search_read_what_the_store_holds(api: Api) -> No
     assert results and any("time" in r["memory"]["content"].lower() for r in results)
     # memory_search is decided with the agent: its grant (current_time) ∩ the caller's.
     assert refused.is_error and "forbidden (403)" in _text(refused)
+
+
+# --- through Ray Serve ----------------------------------------------------------------------
+
+
+async def open_replica_runtime(settings: Settings) -> Runtime:
+    """The Serve replica's runtime: the test database, the scripted model."""
+    return await Runtime.open(
+        settings,
+        model=ScriptedModelClient(responder=respond),
+        embedder=HashEmbedder(384),
+        importance=HeuristicImportanceScorer(),
+    )
+
+
+@pytest.fixture(scope="module")
+def serve_url(ray_cluster: Any, settings: Settings, db: Database) -> Any:
+    """The API as a Ray Serve application (its replica another process) behind Serve's HTTP
+    proxy: the MCP endpoint is a route of the ingress, started by the replica's lifespan."""
+    from ray import serve as ray_serve
+
+    port = _free_port()
+    ray_serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        replica = settings.model_copy(
+            update={"database_url": db.dsn, "embedding_backend": "hash", "candidates": 1}
+        )
+        factory = functools.partial(open_replica_runtime, replica)
+        ray_serve.run(build_api(factory), name="cortex-mcp-test", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        ray_serve.shutdown()
+
+
+async def test_through_ray_serve(
+    serve_url: str, scripted_runtime: Callable[..., Any], org: str
+) -> None:
+    runtime: Runtime = await scripted_runtime(None)
+    await runtime.store.ensure_org(org)
+    await runtime.create_agent(org, "worker", mode=AgentMode.AUTONOMOUS, tools=["current_time"])
+    admin = Principal(id="ada", org_id=org, is_admin=True, grant=Grant(tools=frozenset({"*"})))
+    key, _ = await runtime.store.create_api_key(admin, "ada")
+    progress: list[str | None] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(message)
+
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}) as http:
+        transport = streamable_http_client(f"{serve_url}/mcp/{org}", http_client=http)
+        async with mcp_client.Client(transport, mode="legacy") as client:
+            listed = await client.list_tools()
+            result = await client.call_tool(
+                "run_task",
+                {"agent": "worker", "goal": "what time is it", "wait_s": 30},
+                progress_callback=on_progress,
+            )
+        missing = await http.post(
+            f"{serve_url}/mcp/{org}", json={}, headers={"Authorization": "Bearer nope"}
+        )
+    assert {t.name for t in listed.tools} == set(TOOL_NAMES)
+    assert not result.is_error, _text(result)
+    stored = await runtime.store.get_run(org, result.structured_content["id"])
+    assert stored.result == result.structured_content["result"] == "It is time."
+    assert progress[0] == "step 1: current_time"
+    assert missing.status_code == 401 and missing.json()["error"]["correlationId"]
