@@ -147,6 +147,19 @@ def _text(result: Any) -> str:
     return "\n".join(getattr(c, "text", "") for c in result.content)
 
 
+@pytest.mark.unit
+async def test_the_tools_refuse_to_run_without_the_endpoints_principal() -> None:
+    """In process, with no authenticated request behind the call, a tool answers an error
+    and calls nothing (it has no principal to act as)."""
+    from serve.mcp import build_server
+
+    async with mcp_client.Client(build_server()) as client:
+        listed = await client.list_tools()
+        result = await client.call_tool("knowledge_search", {"query": "zebra"})
+    assert [t.name for t in listed.tools] == list(TOOL_NAMES)
+    assert result.is_error and "/mcp/{org}" in _text(result)
+
+
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_lists_the_tools_and_searches_knowledge_with_citations(api: Api, mode: str) -> None:
     async with api.client("mia", mode=mode) as client:
@@ -211,8 +224,15 @@ async def test_run_task_reports_progress_and_returns_the_stored_result(api: Api)
 
 
 async def test_send_message_opens_and_continues_a_session(api: Api) -> None:
+    progress: list[str | None] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(message)
+
     async with api.client("ada") as client:
-        first = await client.call_tool("send_message", {"agent": "chat", "message": "hello"})
+        first = await client.call_tool(
+            "send_message", {"agent": "chat", "message": "hello"}, progress_callback=on_progress
+        )
         assert not first.is_error, _text(first)
         turn = first.structured_content
         assert turn["status"] == "DONE" and turn["reply"] == "You said: hello"
@@ -220,6 +240,7 @@ async def test_send_message_opens_and_continues_a_session(api: Api) -> None:
         second = await client.call_tool(
             "send_message", {"session_id": session, "message": "and again"}
         )
+    assert progress == ["reply"]  # the turn's events as they happened
     assert second.structured_content["sessionId"] == session
     assert second.structured_content["ordinal"] == 1
     history = await api.runtime.conversation(api.org, second.structured_content["sessionId"])
