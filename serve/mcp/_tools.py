@@ -172,7 +172,12 @@ async def send_message(
     ctx: Ctx,
     agent: Annotated[
         str | None,
-        Field(max_length=200, description="open a new session with this INTERACTIVE agent"),
+        Field(
+            min_length=1,
+            max_length=200,
+            pattern=r"^[^\x00]+$",
+            description="open a new session with this INTERACTIVE agent (its id or name)",
+        ),
     ] = None,
     session_id: Annotated[
         UUID | None, Field(description="continue this session (yours, still open)")
