@@ -269,7 +269,7 @@ async def test_refusals_and_bad_requests_are_tool_errors(api: Api) -> None:
     assert [r["principal_id"] for r in refused] == ["eve"]
 
 
-async def test_the_endpoint_answers_the_api_errors_without_a_valid_key(api: Api) -> None:
+async def test_the_endpoint_authenticates_as_the_api_and_keeps_no_session(api: Api) -> None:
     ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     accept = {"Accept": "application/json, text/event-stream"}
     async with httpx2.AsyncClient() as http:
@@ -280,6 +280,12 @@ async def test_the_endpoint_answers_the_api_errors_without_a_valid_key(api: Api)
         foreign = await http.post(
             api.url(), json=ping, headers={**accept, "Authorization": f"Bearer {api.keys['oscar']}"}
         )
+        valid = await http.post(
+            api.url(), json=ping, headers={**accept, "Authorization": f"Bearer {api.keys['eve']}"}
+        )
+    # Stateless: answered without an initialize and without a session to come back to.
+    assert valid.status_code == 200 and "run_task" in valid.text
+    assert "mcp-session-id" not in valid.headers
     for response, status in ((missing, 401), (wrong, 401), (foreign, 404)):
         assert response.status_code == status, response.text
         error = response.json()["error"]
