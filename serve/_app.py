@@ -1,6 +1,7 @@
 """The HTTP API as a FastAPI app: it opens the runtime and the executor, and includes the
 routers of ``serve.routes`` (one per domain: agents, runs, sessions, tools, memory,
-knowledge, graph, evals, governance, workflows, plus health and the key's principal).
+knowledge, graph, evals, governance, workflows, plus health and the key's principal), and
+mounts the MCP endpoint (``serve.mcp``, ``/mcp/{org}``).
 
 ``create_app`` takes the runtime (or the settings to open one) and the ``Executor`` that
 drives runs and turns, so the same app runs in-process (tests, one machine) and as the Ray
@@ -17,6 +18,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.datastructures import Headers
+from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 import cortex_ray
@@ -33,6 +35,7 @@ from cortex_ray.knowledge import HealthSweeper, SourceHealthMonitor
 from serve._deps import ApiState
 from serve._errors import error_response, install_error_handlers
 from serve._tracing import TraceRequests
+from serve.mcp import MCP_PATH, McpEndpoint
 from serve.routes import ROUTERS
 
 __all__ = [
@@ -132,6 +135,7 @@ def create_app(
             ``CORTEX_API__*``).
     """
     opts = options or options_for(runtime)
+    mcp = McpEndpoint(max_body_bytes=opts.max_body_bytes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -162,6 +166,7 @@ def create_app(
                 )
                 await sweeper.start()
                 stack.push_async_callback(sweeper.aclose)
+            await stack.enter_async_context(mcp.running())  # /mcp/{org}: docs/mcp_server.md
             log.info("cortex-ray API ready (executor: %s)", type(state.executor).__name__)
             try:
                 yield
@@ -186,4 +191,5 @@ def create_app(
     app.add_middleware(TraceRequests, prefix="/api/")
     for router in ROUTERS:
         app.include_router(router())
+    app.router.routes.append(Route(MCP_PATH, mcp, name="mcp"))
     return app
