@@ -19,7 +19,8 @@ import contextvars
 import itertools
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -111,7 +112,7 @@ class LiveSession:
             timeout=httpx2.Timeout(30.0, read=_HTTP_READ_TIMEOUT_S),
             event_hooks={"response": [self._on_response]},
         )
-        return streamable_http_client(config.url, http_client=http)
+        return _http_transport(config.url, http)
 
     async def _on_response(self, response: httpx2.Response) -> None:
         if response.status_code >= 400:
@@ -198,6 +199,14 @@ class LiveSession:
             return
         if isinstance(message, types.ToolListChangedNotification) and self.on_tools_changed:
             await self.on_tools_changed(self.key)
+
+
+@asynccontextmanager
+async def _http_transport(url: str, http: httpx2.AsyncClient) -> AsyncIterator[Any]:
+    """The SDK's streamable-HTTP transport on our HTTP client, which it closes with the
+    session (the SDK leaves a client it was given open)."""
+    async with http, streamable_http_client(url, http_client=http) as streams:
+        yield streams
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
