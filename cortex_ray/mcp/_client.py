@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 from mcp import types
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
@@ -66,11 +65,9 @@ class SdkMcpClient:
         options: ConnectorOptions | None = None,
         *,
         on_tools_changed: ToolsChangedHook | None = None,
-        errlog: TextIO | None = None,
     ) -> None:
         self.options = options or ConnectorOptions()
         self._on_tools_changed = on_tools_changed
-        self._errlog = errlog or sys.stderr
         self._sessions: dict[str, LiveSession] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._backoff: dict[str, _Backoff] = {}
@@ -111,9 +108,7 @@ class SdkMcpClient:
                 f"MCP server {key} is unavailable: {backoff.last_error}; "
                 f"the next attempt to connect is in {wait:.1f} s"
             )
-        session = LiveSession(
-            key, config, on_tools_changed=self._on_tools_changed, errlog=self._errlog
-        )
+        session = LiveSession(key, config, on_tools_changed=self._on_tools_changed)
         try:
             if config.transport is McpTransport.HTTP:
                 await asyncio.to_thread(

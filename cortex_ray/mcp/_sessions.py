@@ -18,11 +18,10 @@ import asyncio
 import contextvars
 import itertools
 import logging
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 import httpx2
 from mcp import Client, StdioServerParameters, types
@@ -62,7 +61,6 @@ class LiveSession:
     key: str
     config: McpServerConfig
     on_tools_changed: ToolsChangedHook | None = None
-    errlog: TextIO = field(default=sys.stderr)
     broken: str | None = None
     """Why this session may no longer be used (``None`` while it is healthy)."""
     http_status: int | None = None
