@@ -468,20 +468,69 @@ async def test_http_refused_urls_are_never_connected(client: SdkMcpClient) -> No
         await guarded.aclose()
 
 
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
 async def test_http_a_server_that_dies_mid_call_then_comes_back(
-    client: SdkMcpClient, http_server: HttpServer
+    client: SdkMcpClient, http_server: HttpServer, protocol: str
 ) -> None:
-    config = http_server.config()
-    await client.call_tool("acme/phoenix", config, BEARER, "whoami", {}, timeout_s=20)
+    config = http_server.config().model_copy(update={"protocol": protocol})
+    key = f"acme/phoenix-{protocol}"
+    await client.call_tool(key, config, BEARER, "whoami", {}, timeout_s=20)
     try:
         with pytest.raises(ConnectorUnavailableError, match="the next call reconnects"):
-            await client.call_tool("acme/phoenix", config, BEARER, "die", {}, timeout_s=20)
+            await client.call_tool(key, config, BEARER, "die", {}, timeout_s=20)
         assert http_server.process is not None
         assert http_server.process.wait(timeout=10) == 3  # it really died
         with pytest.raises(ConnectorUnavailableError, match="cannot connect"):
-            await client.call_tool("acme/phoenix", config, BEARER, "whoami", {}, timeout_s=20)
+            await client.call_tool(key, config, BEARER, "whoami", {}, timeout_s=20)
     finally:
         http_server.start()  # the same port: the server is back
     await asyncio.sleep(0.3)  # past the first backoff (0.2 s in this client's options)
-    back = await client.call_tool("acme/phoenix", config, BEARER, "whoami", {}, timeout_s=20)
-    assert back.content[0].text == MODERN
+    back = await client.call_tool(key, config, BEARER, "whoami", {}, timeout_s=20)
+    assert (back.content[0].text == MODERN) is (protocol == "auto")
+
+
+async def test_http_a_handshake_session_the_restarted_server_forgot_is_reopened(
+    client: SdkMcpClient, http_server: HttpServer
+) -> None:
+    """A stateful (handshake-era) HTTP session outlives its server's restart on the client's
+    side only: the first call after it fails (the server no longer knows the session) and
+    the next one opens a new session."""
+    config = http_server.config().model_copy(update={"protocol": "legacy"})
+    key = "acme/forgotten"
+    await client.call_tool(key, config, BEARER, "whoami", {}, timeout_s=20)
+    http_server.stop()
+    http_server.start()
+    try:
+        first = await client.call_tool(key, config, BEARER, "whoami", {}, timeout_s=20)
+    except ConnectorUnavailableError:
+        first = await client.call_tool(key, config, BEARER, "whoami", {}, timeout_s=20)
+    assert first.content[0].text is not None and first.content[0].text < "2026"
+
+
+async def test_changed_credentials_open_a_new_session(
+    client: SdkMcpClient, http_server: HttpServer
+) -> None:
+    config = http_server.config()
+    await client.call_tool("acme/rotated", config, BEARER, "whoami", {}, timeout_s=20)
+    revoked = McpCredentials(headers={"Authorization": "Bearer revoked"})
+    with pytest.raises(ConnectorUnavailableError, match="refused the credentials"):
+        await client.call_tool("acme/rotated", config, revoked, "whoami", {}, timeout_s=20)
+
+
+async def test_a_cancelled_caller_cancels_the_call_on_the_server(
+    client: SdkMcpClient, http_server: HttpServer
+) -> None:
+    marker = http_server.state / "cancelled"
+    marker.unlink(missing_ok=True)
+    config = http_server.config()
+    call = asyncio.create_task(
+        client.call_tool(
+            "acme/http", config, BEARER, "hang", {"label": "run-stopped"}, timeout_s=60
+        )
+    )
+    await asyncio.sleep(1.0)  # the call is in flight on the server
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await asyncio.to_thread(_wait_for, marker.exists, "the server to see the cancel")
+    assert marker.read_text() == "run-stopped"

@@ -25,7 +25,13 @@ from pydantic import ValidationError
 
 from cortex_ray._exceptions import ConnectorUnavailableError
 from cortex_ray.mcp._render import to_call_result, to_definition
-from cortex_ray.mcp._sessions import CallHooks, LiveSession, ToolsChangedHook, describe_failure
+from cortex_ray.mcp._sessions import (
+    CallHooks,
+    LiveSession,
+    ToolsChangedHook,
+    credentials_digest,
+    describe_failure,
+)
 from cortex_ray.mcp._types import (
     ElicitHook,
     McpCallResult,
@@ -85,15 +91,25 @@ class SdkMcpClient:
     ) -> LiveSession:
         if self._closed:
             raise ConnectorUnavailableError("the MCP client is closed")
+        digest = credentials_digest(credentials)
+
+        def usable(session: LiveSession | None) -> bool:
+            return (
+                session is not None
+                and session.broken is None
+                and session.config == config
+                and session.credentials_digest == digest
+            )
+
         session = self._sessions.get(key)
-        if session is not None and session.broken is None and session.config == config:
+        if session is not None and usable(session):
             return session
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             session = self._sessions.get(key)
-            if session is not None and session.broken is None and session.config == config:
+            if session is not None and usable(session):
                 return session
-            if session is not None:  # dropped, or its server's configuration changed
+            if session is not None:  # dropped, or its configuration or credentials changed
                 self._sessions.pop(key, None)
                 await session.close()
             return await self._open(key, config, credentials)
@@ -161,6 +177,7 @@ class SdkMcpClient:
 
     async def _list(self, session: LiveSession) -> list[McpToolDefinition]:
         tools: list[McpToolDefinition] = []
+        http_errors = session.http_errors
         cursor: str | None = None
         seen: set[str] = set()
         timeout = self.options.mcp_call_timeout_s
@@ -177,7 +194,9 @@ class SdkMcpClient:
                 seen.add(cursor)
             raise _Garbage(f"tools/list did not end after {_MAX_PAGES} pages")
         except BaseException as exc:
-            await self._fail(session, exc, "tools/list")
+            await self._fail(
+                session, exc, "tools/list", transport_failed=session.http_errors > http_errors
+            )
             raise AssertionError("unreachable") from None
 
     async def call_tool(
@@ -206,13 +225,20 @@ class SdkMcpClient:
                 progress_callback=relay if on_progress is not None else None,
             )
 
+        http_errors = session.http_errors
         try:
             # the SDK's own bound cancels the request on the server (notifications/cancelled);
             # this one, a little later, is the backstop for anything else that hangs
             async with asyncio.timeout(timeout_s + 1.0):
                 result = await session.run_call(CallHooks(on_elicit=on_elicit), call)
         except BaseException as exc:
-            await self._fail(session, exc, f"tools/call {name}", timeout_s=timeout_s)
+            await self._fail(
+                session,
+                exc,
+                f"tools/call {name}",
+                timeout_s=timeout_s,
+                transport_failed=session.http_errors > http_errors,
+            )
             raise AssertionError("unreachable") from None
         return to_call_result(result)
 
@@ -223,8 +249,11 @@ class SdkMcpClient:
         what: str,
         *,
         timeout_s: float | None = None,
+        transport_failed: bool = False,
     ) -> None:
-        """Raise what ``exc`` means to a caller, dropping the session where it is unusable."""
+        """Raise what ``exc`` means to a caller, dropping the session where it is unusable
+        (``transport_failed``: the server answered an HTTP error during the request, so an
+        error answer came from the transport, not from the tool)."""
         key = session.key
         if isinstance(exc, asyncio.CancelledError):
             raise exc  # the caller's own cancellation (the SDK told the server)
@@ -234,7 +263,11 @@ class SdkMcpClient:
             raise TimeoutError(
                 f"MCP server {key}: {what} did not finish within {bound} (cancelled)"
             ) from None
-        if isinstance(exc, MCPError) and exc.code != types.CONNECTION_CLOSED:
+        if (
+            isinstance(exc, MCPError)
+            and exc.code != types.CONNECTION_CLOSED
+            and not transport_failed
+        ):
             # a protocol-level error answer (unknown tool, invalid params): the session is fine
             raise ConnectorUnavailableError(
                 f"MCP server {key}: {what} failed: {exc.error.message}"

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import itertools
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -32,7 +34,13 @@ from mcp.shared.exceptions import MCPError
 from cortex_ray.mcp._render import to_elicit_result, to_elicitation
 from cortex_ray.mcp._types import ElicitHook, McpCredentials, McpServerConfig, McpTransport
 
-__all__ = ["CallHooks", "LiveSession", "ToolsChangedHook", "describe_failure"]
+__all__ = [
+    "CallHooks",
+    "LiveSession",
+    "ToolsChangedHook",
+    "credentials_digest",
+    "describe_failure",
+]
 
 log = logging.getLogger("cortex_ray.mcp")
 
@@ -65,6 +73,11 @@ class LiveSession:
     """Why this session may no longer be used (``None`` while it is healthy)."""
     http_status: int | None = None
     """The last HTTP error status the server answered (streamable HTTP)."""
+    http_errors: int = 0
+    """HTTP error answers so far: a call during which it grew failed in the transport (a
+    refused token, a session the server no longer knows), not in the tool."""
+    credentials_digest: str = ""
+    """A digest of the credentials the session opened with (a changed secret reopens it)."""
     _client: Client | None = None
     _task: asyncio.Task[None] | None = None
     _closing: asyncio.Event = field(default_factory=asyncio.Event)
@@ -75,6 +88,7 @@ class LiveSession:
     async def open(self, credentials: McpCredentials, timeout_s: float) -> None:
         """Start the server (stdio) or reach it (HTTP) and negotiate the protocol, within
         ``timeout_s``. Raises what the SDK raised (the caller describes it)."""
+        self.credentials_digest = credentials_digest(credentials)
         self._client = Client(
             self._target(credentials),
             mode=self.config.protocol,
@@ -115,6 +129,7 @@ class LiveSession:
     async def _on_response(self, response: httpx2.Response) -> None:
         if response.status_code >= 400:
             self.http_status = response.status_code
+            self.http_errors += 1
 
     async def _own(self, ready: asyncio.Future[None]) -> None:
         assert self._client is not None
@@ -205,6 +220,12 @@ async def _http_transport(url: str, http: httpx2.AsyncClient) -> AsyncIterator[A
     session (the SDK leaves a client it was given open)."""
     async with http, streamable_http_client(url, http_client=http) as streams:
         yield streams
+
+
+def credentials_digest(credentials: McpCredentials) -> str:
+    """A digest of the secret values, to notice that they changed without keeping them."""
+    canonical = json.dumps(credentials.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
