@@ -244,6 +244,39 @@ async def test_a_changed_tool_list_is_announced_and_listed(tmp_path: Path) -> No
         await client.aclose()
 
 
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+async def test_a_current_server_announces_its_changes_in_either_era(protocol: str) -> None:
+    """On 2026-07-28 a change arrives on the ``subscriptions/listen`` stream the client opens;
+    in the handshake era as ``notifications/tools/list_changed``."""
+    changed: list[str] = []
+
+    async def on_changed(key: str) -> None:
+        changed.append(key)
+
+    client = SdkMcpClient(on_tools_changed=on_changed)
+    config = McpServerConfig(
+        transport=McpTransport.STDIO,
+        command=sys.executable,
+        args=[str(SERVERS / "modern_server.py")],
+        protocol=protocol,  # type: ignore[arg-type]
+    )
+    try:
+        before = [t.name for t in await client.list_tools("acme/modern", config, NONE)]
+        assert before == ["grow"]
+        version = client.protocol_version("acme/modern") or ""
+        assert (version == MODERN) is (protocol == "auto")
+        await client.call_tool("acme/modern", config, NONE, "grow", {}, timeout_s=10)
+        for _ in range(100):
+            if changed:
+                break
+            await asyncio.sleep(0.05)
+        assert changed[:1] == ["acme/modern"]
+        after = [t.name for t in await client.list_tools("acme/modern", config, NONE)]
+        assert after == ["grow", "grown_1"]
+    finally:
+        await client.aclose()
+
+
 async def test_concurrent_calls_share_one_session(client: SdkMcpClient, tmp_path: Path) -> None:
     config = _stdio(tmp_path)
     texts = [f"call {i}" for i in range(12)]

@@ -62,8 +62,9 @@ class _Backoff:
 
 class SdkMcpClient:
     """Speaks MCP to servers with the official SDK (both protocol eras, stdio and streamable
-    HTTP). ``on_tools_changed(key)`` hears a server's ``notifications/tools/list_changed``
-    (handshake-era sessions; the current revision's servers are found out by the periodic
+    HTTP). ``on_tools_changed(key)`` hears that a server's tool list changed:
+    ``notifications/tools/list_changed`` in the handshake era, a ``subscriptions/listen``
+    stream at 2026-07-28 (a server that announces nothing is found out by the periodic
     listing, ``connectors.mcp_list_refresh_s``)."""
 
     def __init__(

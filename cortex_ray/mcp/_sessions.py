@@ -135,8 +135,18 @@ class LiveSession:
         assert self._client is not None
         try:
             async with self._client:
+                listener = None
+                if self._listens():  # open only once changes will be heard
+                    hearing = asyncio.Event()
+                    listener = asyncio.create_task(self._listen(hearing))
+                    await hearing.wait()
                 ready.set_result(None)
-                await self._closing.wait()
+                try:
+                    await self._closing.wait()
+                finally:
+                    if listener is not None:
+                        listener.cancel()
+                        await asyncio.gather(listener, return_exceptions=True)
         except BaseException as exc:  # the owner ends here, whatever ended the session
             if not ready.done():
                 ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError(exc))
@@ -147,6 +157,38 @@ class LiveSession:
         finally:
             if self.broken is None:
                 self.broken = "the session was closed"
+
+    def _listens(self) -> bool:
+        """Whether to open a change stream: someone wants to hear of changes, the session
+        speaks the current revision (the handshake era notifies without asking) and the
+        server says its tool list changes."""
+        if self.on_tools_changed is None or self._client is None:
+            return False
+        session = self._client.session
+        tools = session.server_capabilities.tools if session.server_capabilities else None
+        version = session.protocol_version or ""
+        return version >= "2026" and tools is not None and bool(tools.list_changed)
+
+    async def _listen(self, hearing: asyncio.Event) -> None:
+        """Hear ``tools`` changes on a ``subscriptions/listen`` stream (2026-07-28) until the
+        session closes, setting ``hearing`` once the server acknowledged it (or refused).
+        Without a stream, changes are found by the periodic listing."""
+        assert self._client is not None and self.on_tools_changed is not None
+        try:
+            async with self._client.listen(tools_list_changed=True) as stream:
+                hearing.set()
+                if not stream.honored.tools_list_changed:
+                    return
+                async for _event in stream:
+                    await self.on_tools_changed(self.key)
+        except Exception as exc:
+            log.info(
+                "MCP server %s: no change stream (%s); its changes are found by listing again",
+                self.key,
+                describe_failure(exc),
+            )
+        finally:
+            hearing.set()
 
     async def close(self) -> None:
         """Close the session (a stdio server's process is stopped: stdin closed, then
