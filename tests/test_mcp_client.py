@@ -388,6 +388,8 @@ async def test_http_with_the_wrong_token_is_refused_clearly(
     with pytest.raises(ConnectorUnavailableError, match="next attempt to connect is in"):
         await client.list_tools("acme/wrong", http_server.config(), wrong)
     assert "HTTP 401" in (await client.health("acme/wrong", http_server.config(), wrong) or "")
+    # the right secret is tried at once, backoff or not
+    assert len(await client.list_tools("acme/wrong", http_server.config(), BEARER)) == 13
 
 
 async def test_http_structured_content_and_is_error(

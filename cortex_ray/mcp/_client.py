@@ -58,6 +58,9 @@ class _Backoff:
     failures: int = 0
     retry_at: float = 0.0
     last_error: str = ""
+    attempt: tuple[McpServerConfig, str] | None = None
+    """What failed (the configuration and a digest of the credentials): a changed one is
+    tried at once, not after the backoff."""
 
 
 class SdkMcpClient:
@@ -118,7 +121,10 @@ class SdkMcpClient:
     async def _open(
         self, key: str, config: McpServerConfig, credentials: McpCredentials
     ) -> LiveSession:
-        backoff = self._backoff.setdefault(key, _Backoff())
+        attempt = (config, credentials_digest(credentials))
+        backoff = self._backoff.get(key)
+        if backoff is None or backoff.attempt != attempt:
+            backoff = self._backoff[key] = _Backoff(attempt=attempt)
         wait = backoff.retry_at - time.monotonic()
         if wait > 0:
             raise ConnectorUnavailableError(

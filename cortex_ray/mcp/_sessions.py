@@ -15,6 +15,7 @@ nobody can tell whose it is, and the request is declined)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import hashlib
 import itertools
@@ -45,6 +46,7 @@ __all__ = [
 log = logging.getLogger("cortex_ray.mcp")
 
 _HTTP_READ_TIMEOUT_S = 300.0  # a response stream may stay open for a long call
+_LISTEN_ACK_S = 5.0  # how long opening a session waits for its change stream
 
 ToolsChangedHook = Callable[[str], Awaitable[None]]
 
@@ -139,7 +141,8 @@ class LiveSession:
                 if self._listens():  # open only once changes will be heard
                     hearing = asyncio.Event()
                     listener = asyncio.create_task(self._listen(hearing))
-                    await hearing.wait()
+                    with contextlib.suppress(TimeoutError):  # not heard: the listing finds it
+                        await asyncio.wait_for(hearing.wait(), _LISTEN_ACK_S)
                 ready.set_result(None)
                 try:
                     await self._closing.wait()
@@ -149,7 +152,7 @@ class LiveSession:
                         await asyncio.gather(listener, return_exceptions=True)
         except BaseException as exc:  # the owner ends here, whatever ended the session
             if not ready.done():
-                ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError(exc))
+                ready.set_exception(exc if isinstance(exc, Exception) else _Ended(exc))
             elif self.broken is None and not self._closing.is_set():
                 self.broken = describe_failure(exc)
             if isinstance(exc, asyncio.CancelledError) and not self._closing.is_set():
@@ -270,7 +273,18 @@ def credentials_digest(credentials: McpCredentials) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+class _Ended(Exception):
+    """The session's owner ended on something that is not an ``Exception`` (a group holding a
+    cancellation, say), carried to the caller waiting for the session to open."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, _Ended):
+        return _leaves(exc.cause)
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
     return [exc]
