@@ -353,6 +353,24 @@ async def test_elicitation_over_the_handshake_reaches_the_call(client: SdkMcpCli
     assert declined.content[0].text == "decline: None"  # no hook: declined, never hangs
 
 
+class AskAPersonLater(Exception):
+    pass
+
+
+async def _ask_later(request: McpElicitation) -> McpElicitationAnswer:
+    raise AskAPersonLater(request.message)
+
+
+async def test_a_hook_that_raises_ends_the_call_with_its_error(client: SdkMcpClient) -> None:
+    config = _stdio()
+    with pytest.raises(AskAPersonLater, match="Which colour"):
+        await client.call_tool(
+            "acme/later", config, NONE, "ask", {}, timeout_s=10, on_elicit=_ask_later
+        )
+    ok = await client.call_tool("acme/later", config, NONE, "echo", {"text": "on"}, timeout_s=10)
+    assert ok.content[0].text == "on"  # the session is untouched
+
+
 async def test_a_command_that_does_not_exist(client: SdkMcpClient) -> None:
     config = McpServerConfig(transport=McpTransport.STDIO, command="/nonexistent/mcp-server")
     with pytest.raises(ConnectorUnavailableError, match="cannot start the command"):
@@ -461,6 +479,11 @@ async def test_http_elicitation_in_both_eras(
         key, config, BEARER, "delete_item", {"item": "report.txt"}, timeout_s=20
     )
     assert unasked.content[0].text == "not deleted (decline)"
+    with pytest.raises(AskAPersonLater, match=r"Delete report\.txt"):
+        await client.call_tool(
+            key, config, BEARER, "delete_item", {"item": "report.txt"},
+            timeout_s=20, on_elicit=_ask_later,
+        )  # fmt: skip
 
 
 async def test_http_a_hanging_call_times_out_and_is_cancelled_on_the_server(

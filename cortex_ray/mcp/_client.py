@@ -232,13 +232,16 @@ class SdkMcpClient:
                 progress_callback=relay if on_progress is not None else None,
             )
 
+        hooks = CallHooks(on_elicit=on_elicit)
         http_errors = session.http_errors
         try:
             # the SDK's own bound cancels the request on the server (notifications/cancelled);
             # this one, a little later, is the backstop for anything else that hangs
             async with asyncio.timeout(timeout_s + 1.0):
-                result = await session.run_call(CallHooks(on_elicit=on_elicit), call)
+                result = await session.run_call(hooks, call)
         except BaseException as exc:
+            if hooks.raised and not isinstance(exc, asyncio.CancelledError):
+                raise hooks.raised[0] from None
             await self._fail(
                 session,
                 exc,
@@ -247,6 +250,8 @@ class SdkMcpClient:
                 transport_failed=session.http_errors > http_errors,
             )
             raise AssertionError("unreachable") from None
+        if hooks.raised:
+            raise hooks.raised[0]
         return to_call_result(result)
 
     async def _fail(

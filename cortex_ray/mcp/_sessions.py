@@ -51,11 +51,15 @@ _LISTEN_ACK_S = 5.0  # how long opening a session waits for its change stream
 ToolsChangedHook = Callable[[str], Awaitable[None]]
 
 
-@dataclass(frozen=True)
+@dataclass
 class CallHooks:
     """What one call wants to hear about while it is in flight."""
 
     on_elicit: ElicitHook | None = None
+    raised: list[Exception] = field(default_factory=list)
+    """What ``on_elicit`` raised: the server is told the request was cancelled, and the call
+    raises it once the server has answered (a hook may end a call this way, to ask a person
+    later)."""
 
 
 _CURRENT_CALL: contextvars.ContextVar[CallHooks | None] = contextvars.ContextVar(
@@ -100,6 +104,8 @@ class LiveSession:
             client_info=types.Implementation(name="cortex-ray", version="1"),
         )
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # an opener that gave up (timeout, cancellation) never reads the outcome: mark it read
+        ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._task = asyncio.create_task(self._own(ready), name=f"mcp-session {self.key}")
         try:
             async with asyncio.timeout(timeout_s):
@@ -248,7 +254,11 @@ class LiveSession:
             why = "no one to ask" if hooks is not None else "cannot tell which call asks"
             log.info("MCP server %s asked for input (%s): declined", self.key, why)
             return types.ElicitResult(action="decline")
-        answer = await hooks.on_elicit(to_elicitation(params))
+        try:
+            answer = await hooks.on_elicit(to_elicitation(params))
+        except Exception as exc:  # raised again by the call, after the server's answer
+            hooks.raised.append(exc)
+            return types.ElicitResult(action="cancel")
         return to_elicit_result(answer)
 
     async def _on_message(self, message: Any) -> None:
