@@ -223,23 +223,24 @@ async def test_a_handshake_only_server_is_reached_through_the_fallback(
 
 
 async def test_a_changed_tool_list_is_announced_and_listed(tmp_path: Path) -> None:
-    changed: list[str] = []
+    """The hook lists the tools again on the very session that announced the change (what a
+    pinning layer does): the announcement must not wait on it."""
+    config = _stdio()
+    relisted: list[list[str]] = []
 
     async def on_changed(key: str) -> None:
-        changed.append(key)
+        tools = await client.list_tools(key, config, NONE)
+        relisted.append([t.name for t in tools])
 
-    client = SdkMcpClient(on_tools_changed=on_changed)
+    client = SdkMcpClient(ConnectorOptions(mcp_call_timeout_s=5), on_tools_changed=on_changed)
     try:
-        config = _stdio()
-        before = await client.list_tools("acme/grow", config, NONE)
+        before = [t.name for t in await client.list_tools("acme/grow", config, NONE)]
         await client.call_tool("acme/grow", config, NONE, "grow", {}, timeout_s=10)
-        for _ in range(100):
-            if changed:
+        for _ in range(200):
+            if relisted:
                 break
             await asyncio.sleep(0.05)
-        assert changed == ["acme/grow"]
-        after = await client.list_tools("acme/grow", config, NONE)
-        assert [t.name for t in after] == [t.name for t in before] + ["grown_1"]
+        assert relisted == [[*before, "grown_1"]]
     finally:
         await client.aclose()
 
