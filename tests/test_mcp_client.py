@@ -378,6 +378,50 @@ async def test_a_command_that_does_not_exist(client: SdkMcpClient) -> None:
         await client.list_tools("acme/none", config, NONE)
 
 
+async def test_a_server_that_never_answers_the_handshake_is_given_up_and_stopped(
+    tmp_path: Path,
+) -> None:
+    client = SdkMcpClient(ConnectorOptions(mcp_connect_timeout_s=1))
+    script = tmp_path / "mute.py"
+    script.write_text(
+        "import os, sys, time\n"
+        f"open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)\n"
+    )
+    config = McpServerConfig(
+        transport=McpTransport.STDIO, command=sys.executable, args=[str(script)]
+    )
+    try:
+        with pytest.raises(ConnectorUnavailableError, match="no session within 1 s"):
+            await client.list_tools("acme/mute", config, NONE)
+        pid = int((tmp_path / "pid").read_text())
+        await asyncio.to_thread(_wait_for, lambda: not _alive(pid), "the mute server to stop")
+    finally:
+        await client.aclose()
+
+
+async def test_the_backoff_doubles_with_each_failure_up_to_its_cap() -> None:
+    client = SdkMcpClient(
+        ConnectorOptions(mcp_reconnect_backoff_s=1.0, mcp_reconnect_max_backoff_s=1.5)
+    )
+    nowhere = McpServerConfig(transport=McpTransport.HTTP, url=f"http://127.0.0.1:{_free_port()}/")
+
+    async def next_attempt_in() -> float:
+        with pytest.raises(ConnectorUnavailableError, match="next attempt") as caught:
+            await client.list_tools("acme/down", nowhere, NONE)
+        return float(str(caught.value).rsplit(" in ", 1)[1].removesuffix(" s"))
+
+    try:
+        for expected in (1.0, 1.5, 1.5):  # 1 s, then doubled but capped at 1.5 s
+            with pytest.raises(ConnectorUnavailableError, match="cannot connect"):
+                await client.list_tools("acme/down", nowhere, NONE)
+            wait = await next_attempt_in()
+            assert expected - 0.5 < wait <= expected
+            await asyncio.sleep(wait + 0.05)
+    finally:
+        await client.aclose()
+
+
 # --- a streamable-HTTP server with a bearer token ----------------------------------------
 
 

@@ -88,6 +88,7 @@ class LiveSession:
     _task: asyncio.Task[None] | None = None
     _closing: asyncio.Event = field(default_factory=asyncio.Event)
     _calls: dict[int, CallHooks] = field(default_factory=dict)
+    _opened: bool = False
 
     # --- opening and closing -------------------------------------------------------------
 
@@ -150,6 +151,7 @@ class LiveSession:
                     with contextlib.suppress(TimeoutError):  # not heard: the listing finds it
                         await asyncio.wait_for(hearing.wait(), _LISTEN_ACK_S)
                 ready.set_result(None)
+                self._opened = True
                 try:
                     await self._closing.wait()
                 finally:
@@ -208,6 +210,8 @@ class LiveSession:
         task = self._task
         if task is None or task.done():
             return
+        if not self._opened:
+            task.cancel()  # still starting or in the handshake: nothing waits for `closing`
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout=10.0)
         except (TimeoutError, asyncio.CancelledError):
