@@ -11,8 +11,10 @@
     │   └── LeaseLost             a run's driver lost its lease (another driver took the run, or
     │                             it ended): it stops, writing nothing more
     ├── UnavailableError          what would serve the call is down or unreachable right now
-    │   └── OverloadedError       at capacity: new work is refused before it is accepted,
-    │                             with when to try again (``retry_after_s``)
+    │   ├── OverloadedError       at capacity: new work is refused before it is accepted,
+    │   │                         with when to try again (``retry_after_s``)
+    │   └── ConnectorUnavailableError  a connector's server (MCP) cannot be reached, refused
+    │                             the credentials, died mid-call or answered garbage
     ├── DeadlineExceededError     an accepted turn or run reached its own deadline while it
     │                             waited (for a model over capacity): it ends with that reason
     └── ModelError                a model backend failed or answered nonsense
@@ -28,6 +30,7 @@ __all__ = [
     "AccessDeniedError",
     "ConfigurationError",
     "ConflictError",
+    "ConnectorUnavailableError",
     "CortexError",
     "DeadlineExceededError",
     "InvalidRequestError",
@@ -86,6 +89,13 @@ class OverloadedError(UnavailableError):
     def __init__(self, message: str, retry_after_s: float = 5.0) -> None:
         super().__init__(message)  # args: the message alone; pickled with its attribute
         self.retry_after_s = retry_after_s
+
+
+class ConnectorUnavailableError(UnavailableError):
+    """A connector's server (an MCP server) cannot serve the call: it cannot be reached or
+    started, refused the credentials, died in the middle of the call or answered something
+    that is not MCP. The message says which; the next call opens a new session (after a
+    backoff when connecting failed)."""
 
 
 class DeadlineExceededError(CortexError):

@@ -4,6 +4,7 @@ The vocabulary (:mod:`cortex_ray.mcp._types`) is what the governance layer and t
 speak; the client that talks to servers implements :class:`McpClient` with the official
 ``mcp`` SDK."""
 
+from cortex_ray.mcp._client import SdkMcpClient
 from cortex_ray.mcp._types import (
     McpCallResult,
     McpClient,
@@ -18,6 +19,7 @@ from cortex_ray.mcp._types import (
     McpTransport,
     mcp_tool_name,
 )
+from cortex_ray.mcp._urls import check_mcp_url
 
 __all__ = [
     "McpCallResult",
@@ -31,5 +33,7 @@ __all__ = [
     "McpToolAnnotations",
     "McpToolDefinition",
     "McpTransport",
+    "SdkMcpClient",
+    "check_mcp_url",
     "mcp_tool_name",
 ]

@@ -71,6 +71,10 @@ class McpServerConfig(_Model):
     cwd: str | None = None
     timeout_s: float | None = Field(default=None, gt=0)
     """One call's bound (``None``: the setting's default)."""
+    protocol: Literal["auto", "legacy"] = "auto"
+    """``auto``: ask for the current revision (2026-07-28, stateless) and fall back to the
+    ``initialize`` handshake when the server does not speak it; ``legacy``: always the
+    handshake (for a server whose discovery misbehaves)."""
 
 
 class McpCredentials(_Model):
@@ -157,6 +161,8 @@ class McpElicitation(_Model):
 
     message: str
     requested_schema: dict[str, Any] = Field(default_factory=dict)
+    url: str | None = None
+    """URL mode: the page the person should open (the answer then carries no content)."""
 
 
 class McpElicitationAnswer(_Model):

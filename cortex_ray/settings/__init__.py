@@ -7,6 +7,7 @@ A room takes its own group (``MemoryService(db, embedder, settings.memory, ...)`
 """
 
 from cortex_ray.settings._aliases import ALIASES, DECIDE_SETTINGS, nest_flat_names
+from cortex_ray.settings._connectors import ConnectorOptions
 from cortex_ray.settings._knowledge import Fusion, RetrievalConfig
 from cortex_ray.settings._models import (
     STRUCTURED_RETRIES,
@@ -46,6 +47,7 @@ __all__ = [
     "PROJECT_VARIABLES",
     "STRUCTURED_RETRIES",
     "ApiOptions",
+    "ConnectorOptions",
     "DecideOptions",
     "DiagnosticsOptions",
     "EmbeddingOptions",

@@ -1,8 +1,8 @@
 """The one settings object, and the one way to load it (:func:`load_settings`).
 
 ``Settings`` composes one options group per owner: ``storage``, ``models``, ``embeddings``,
-``decide``, ``tools``, ``memory``, ``governance``, ``knowledge``, the Ray layers' ``api``,
-``sessions``, ``runs``, the jobs' ``ingest`` and ``graph``, and observability's
+``decide``, ``tools``, ``memory``, ``governance``, ``knowledge``, ``connectors``, the Ray
+layers' ``api``, ``sessions``, ``runs``, the jobs' ``ingest`` and ``graph``, and observability's
 ``diagnostics`` and ``tracing``. A room takes its own group, not the whole ``Settings``.
 
 Every field can be set by environment: ``CORTEX_<GROUP>__<FIELD>`` (two underscores:
@@ -36,6 +36,7 @@ from pydantic_settings import (
 from cortex_ray._exceptions import ConfigurationError
 from cortex_ray._types import EMBEDDING_DIM
 from cortex_ray.settings._aliases import ALIASES, nest_flat_names
+from cortex_ray.settings._connectors import ConnectorOptions
 from cortex_ray.settings._knowledge import RetrievalConfig
 from cortex_ray.settings._models import EmbeddingOptions, ModelOptions, StorageOptions
 from cortex_ray.settings._observability import DiagnosticsOptions, TracingOptions
@@ -133,6 +134,7 @@ class Settings(BaseSettings):
     memory: MemoryOptions = Field(default_factory=MemoryOptions)
     governance: GovernanceOptions = Field(default_factory=GovernanceOptions)
     knowledge: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    connectors: ConnectorOptions = Field(default_factory=ConnectorOptions)
 
     # start-up
     strict_settings: bool = Field(
