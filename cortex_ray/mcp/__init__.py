@@ -6,6 +6,7 @@ speak; the client that talks to servers implements :class:`McpClient` with the o
 
 from cortex_ray.mcp._client import SdkMcpClient
 from cortex_ray.mcp._types import (
+    ElicitHook,
     McpCallResult,
     McpClient,
     McpContent,
@@ -17,11 +18,13 @@ from cortex_ray.mcp._types import (
     McpToolAnnotations,
     McpToolDefinition,
     McpTransport,
+    ProgressHook,
     mcp_tool_name,
 )
 from cortex_ray.mcp._urls import check_mcp_url
 
 __all__ = [
+    "ElicitHook",
     "McpCallResult",
     "McpClient",
     "McpContent",
@@ -33,6 +36,7 @@ __all__ = [
     "McpToolAnnotations",
     "McpToolDefinition",
     "McpTransport",
+    "ProgressHook",
     "SdkMcpClient",
     "check_mcp_url",
     "mcp_tool_name",
