@@ -65,6 +65,7 @@ MCP_PREFIX = "cortex-ray:mcp/"
 to one)."""
 
 _DECLINE = McpElicitationAnswer(action="decline")
+_CANCEL = McpElicitationAnswer(action="cancel")
 
 
 def connections_name(key: str) -> str:
@@ -255,7 +256,11 @@ class RayMcpClient:
                 if kind == "progress" and on_progress is not None:
                     await on_progress(item["progress"])
                 elif kind == "elicit":
-                    answer = _DECLINE if on_elicit is None else await on_elicit(item["request"])
+                    try:
+                        answer = _DECLINE if on_elicit is None else await on_elicit(item["request"])
+                    except BaseException:  # the hook's error ends the call, there as here
+                        await actor.answer.remote(item["id"], _CANCEL)
+                        raise
                     await actor.answer.remote(item["id"], answer)
                 elif kind == "error":
                     _raise(item)

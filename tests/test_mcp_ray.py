@@ -14,13 +14,25 @@ from typing import Any
 import pytest
 
 from cortex_ray import ConnectorUnavailableError, Settings
-from cortex_ray.mcp import McpCredentials, McpServerConfig, McpTransport
+from cortex_ray.mcp import (
+    McpCredentials,
+    McpElicitation,
+    McpElicitationAnswer,
+    McpServerConfig,
+    McpTransport,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
 BIN = Path(sys.executable).parent
 TIME = McpServerConfig(transport=McpTransport.STDIO, command=str(BIN / "mcp-server-time"))
 NONE = McpCredentials()
+# the tests' own handshake-era server (tests/mcp_servers): ``ask`` asks the client for input
+ASKER = McpServerConfig(
+    transport=McpTransport.STDIO,
+    command=sys.executable,
+    args=[str(Path(__file__).parent / "mcp_servers" / "stdio_server.py")],
+)
 
 
 @pytest.fixture
@@ -129,3 +141,22 @@ async def test_a_server_that_cannot_start_is_a_clear_error_through_the_actor(
     missing = McpServerConfig(transport=McpTransport.STDIO, command="/nonexistent/mcp-server")
     with pytest.raises(ConnectorUnavailableError, match="acme/nothing"):
         await client.list_tools("acme/nothing", missing, NONE)
+
+
+async def test_a_servers_request_for_input_reaches_the_callers_hook_across_the_actor(
+    namespace: str,
+) -> None:
+    from actors._mcp import RayMcpClient
+
+    client = RayMcpClient(_settings(namespace))
+    asked: list[str] = []
+
+    async def answer(request: McpElicitation) -> McpElicitationAnswer:
+        asked.append(request.message)
+        return McpElicitationAnswer(action="accept", content={"colour": "teal"})
+
+    result = await client.call_tool("acme/asker", ASKER, NONE, "ask", {}, timeout_s=30,
+                                    on_elicit=answer)  # fmt: skip
+    assert (result.content[0].text, asked) == ("accept: teal", ["Which colour?"])
+    declined = await client.call_tool("acme/asker", ASKER, NONE, "ask", {}, timeout_s=30)
+    assert declined.content[0].text == "decline: None"  # no hook: declined, never hangs
