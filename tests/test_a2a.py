@@ -7,11 +7,14 @@ through the runtime's own use cases.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -27,12 +30,14 @@ from a2a.types import (
     AgentCard,
     CancelTaskRequest,
     GetTaskRequest,
+    ListTasksRequest,
     Message,
     Part,
     Role,
     SendMessageConfiguration,
     SendMessageRequest,
     StreamResponse,
+    SubscribeToTaskRequest,
     Task,
     TaskState,
 )
@@ -43,7 +48,15 @@ from a2a.utils.errors import (
     TaskNotFoundError,
 )
 
-from cortex_ray import AgentMode, InProcessExecutor, Principal, RunStatus, Runtime, Settings
+from cortex_ray import (
+    AgentMode,
+    Executor,
+    InProcessExecutor,
+    Principal,
+    RunStatus,
+    Runtime,
+    Settings,
+)
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import ChatRequest, ChatResponse, HashEmbedder, ScriptedModelClient, ToolCall
 from cortex_ray.storage import Database, TurnStatus
@@ -91,6 +104,9 @@ async def respond(request: ChatRequest) -> str | ChatResponse:
     return f"You said: {asked[:60]}"
 
 
+ADA = "ada"
+
+
 # --- the API over real HTTP --------------------------------------------------------------------
 
 
@@ -116,28 +132,37 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-async def api(db: Database, settings: Settings, org: str) -> AsyncIterator[Api]:
-    # Published: the agents named; "hidden" is not.
+def a2a_settings(settings: Settings, **update: Any) -> Settings:
+    """The test settings, K=1, the hash embedder; published: "helper" and "worker" (not
+    "hidden")."""
     published = settings.api.model_copy(update={"a2a_agents": "helper, worker"})
-    runtime = await Runtime.open(
-        settings.model_copy(
-            update={"embedding_backend": "hash", "candidates": 1, "api": published}
-        ),
+    return settings.model_copy(
+        update={"embedding_backend": "hash", "candidates": 1, "api": published, **update}
+    )
+
+
+async def open_runtime(settings: Settings, db: Database | None = None) -> Runtime:
+    """The runtime of the app (with the test's database) and of each session actor."""
+    return await Runtime.open(
+        settings,
         model=ScriptedModelClient(responder=respond),
         embedder=HashEmbedder(384),
         importance=HeuristicImportanceScorer(),
         db=db,
     )
+
+
+@contextlib.asynccontextmanager
+async def serving(runtime: Runtime, executor: Executor, org: str) -> AsyncIterator[Api]:
+    """The app over real HTTP (uvicorn in this loop), with the org's agents and keys."""
     await runtime.create_agent(
         org, "helper", persona="A helpful clerk who tells the time.",
         skills=["telling the time"], tools=["current_time"],
     )  # fmt: skip
     await runtime.create_agent(org, "worker", mode=AgentMode.AUTONOMOUS)
     await runtime.create_agent(org, "hidden")
-    key = await runtime.create_api_key(org, "ada", admin=False, grant=["*"])
+    key = await runtime.create_api_key(org, ADA, admin=False, grant=["*"])
     other = await runtime.create_api_key(f"{org}-x", "eve", admin=True, grant=["*"])
-    executor = InProcessExecutor(runtime)
     port = _free_port()
     server = uvicorn.Server(
         uvicorn.Config(
@@ -145,15 +170,25 @@ async def api(db: Database, settings: Settings, org: str) -> AsyncIterator[Api]:
             lifespan="off", log_level="warning",
         )
     )  # fmt: skip
-    serving = asyncio.create_task(server.serve())
+    running = asyncio.create_task(server.serve())
     while not server.started:
-        assert not serving.done(), "uvicorn did not start"
+        assert not running.done(), "uvicorn did not start"
         await asyncio.sleep(0.02)
     try:
         yield Api(runtime, f"http://127.0.0.1:{port}", org, key.key, other.key)
     finally:
         server.should_exit = True
-        await serving
+        await running
+
+
+@pytest.fixture
+async def api(db: Database, settings: Settings, org: str) -> AsyncIterator[Api]:
+    runtime = await open_runtime(a2a_settings(settings), db)
+    executor = InProcessExecutor(runtime)
+    try:
+        async with serving(runtime, executor, org) as served:
+            yield served
+    finally:
         await executor.aclose()
         await runtime.close(close_db=False)
 
@@ -183,9 +218,6 @@ async def only_task(client: Client, request: SendMessageRequest) -> Task:
 
 def text(task: Task) -> str:
     return "".join(p.text for a in task.artifacts for p in a.parts)
-
-
-ADA = "ada"
 
 
 def ada(api: Api) -> Principal:
@@ -354,20 +386,40 @@ async def test_streaming_a_run_reports_each_step_then_the_result(api: Api) -> No
 # --- cancel -------------------------------------------------------------------------------------
 
 
-async def test_canceling_a_task_cancels_its_run(api: Api) -> None:
+async def test_canceling_a_task_cancels_its_run_and_ends_its_subscription(api: Api) -> None:
     async with api.http() as http:
-        client = await client_for(api, "worker", http, streaming=False)
+        client = await client_for(api, "worker", http, streaming=True)
+        sender = await client_for(api, "worker", http, streaming=False)
         request = user_message("never finish, please")
         request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
-        task = await only_task(client, request)
-        assert task.status.state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
+        task = await only_task(sender, request)
+        assert task.status.state == TaskState.TASK_STATE_SUBMITTED
+        # Subscribe, and cancel once the first step is reported.
+        events: list[StreamResponse] = []
+        stepped = asyncio.Event()
+
+        async def follow() -> None:
+            async for event in client.subscribe(SubscribeToTaskRequest(id=task.id)):
+                events.append(event)
+                if event.HasField("status_update"):
+                    stepped.set()
+
+        following = asyncio.create_task(follow())
+        await asyncio.wait_for(stepped.wait(), 30)
         canceled = await client.cancel_task(CancelTaskRequest(id=task.id))
         assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+        await asyncio.wait_for(following, 30)  # the stream ends with the run
+        assert states(events)[0] == "task:TASK_STATE_SUBMITTED"
+        assert states(events)[-1] == "TASK_STATE_CANCELED"
+        assert "step 0: memory_search" in events[1].status_update.status.message.parts[0].text
         run = await api.runtime.get_run(api.org, uuid.UUID(task.id), principal=ada(api))
         assert run.status is RunStatus.CANCELLED
         assert run.reason == "cancelled by ada: canceled over A2A"
         got = await client.get_task(GetTaskRequest(id=task.id))
         assert got.status.state == TaskState.TASK_STATE_CANCELED
+        assert got.status.message.parts[0].text == run.reason
+        listed = await client.list_tasks(ListTasksRequest())
+        assert [t.id for t in listed.tasks] == [task.id]
 
 
 # --- auth and errors ----------------------------------------------------------------------------
@@ -422,3 +474,38 @@ async def test_a_file_part_is_refused_and_nothing_is_recorded(api: Api) -> None:
         with pytest.raises(ContentTypeNotSupportedError, match="text and data parts only"):
             await only_task(client, request)
         assert await api.runtime.list_runs(api.org, principal=ada(api)) == []
+
+
+# --- through the session actors on Ray ---------------------------------------------------------
+
+
+async def test_turns_and_runs_through_session_actors(
+    ray_cluster: Any, db: Database, settings: Settings, org: str
+) -> None:
+    """The same A2A calls with ``actors.SessionManager`` as the executor: the turn streams
+    back from its session actor, the run is driven in its actor and followed in the store."""
+    actors = pytest.importorskip("actors")
+    # tests/ is not importable in the actors: ship this module's functions by value.
+    pytest.importorskip("ray.cloudpickle").register_pickle_by_value(sys.modules[__name__])
+    runtime = await open_runtime(a2a_settings(settings), db)
+    policy = actors.SessionPolicy(namespace=f"test-a2a-{uuid.uuid4().hex[:8]}")
+    manager = actors.SessionManager.for_runtime(runtime, factory=open_runtime, policy=policy)
+    try:
+        async with serving(runtime, manager, org) as api, api.http() as http:
+            client = await client_for(api, "helper", http, streaming=True)
+            events = [e async for e in client.send_message(user_message("what time is it?"))]
+            assert states(events)[-2:] == ["artifact_update", "TASK_STATE_COMPLETED"]
+            assert "TASK_STATE_WORKING" in states(events)  # the tool round, relayed
+            assert events[-1].status_update.status.message.parts[0].text == (
+                "You said: what time is it?"
+            )
+            session_id = uuid.UUID(events[0].task.context_id)
+            turns = await runtime.conversation(org, session_id, principal=ada(api))
+            assert [t.content for t in turns][-1] == "You said: what time is it?"
+            worker = await client_for(api, "worker", http, streaming=False)
+            task = await only_task(worker, user_message("What time is it?"))
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED
+            run = await runtime.get_run(org, uuid.UUID(task.id), principal=ada(api))
+            assert run.status is RunStatus.COMPLETED and run.result == "It is time."
+    finally:
+        await runtime.close(close_db=False)
