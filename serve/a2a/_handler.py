@@ -10,7 +10,6 @@ turn's events as they happen, and a run's steps as its driver records them.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -54,6 +53,7 @@ from cortex_ray import (
     AgentMode,
     CortexError,
     Principal,
+    RunStatus,
     TaskRun,
     TurnEvent,
     TurnEventKind,
@@ -79,8 +79,6 @@ from serve.a2a._convert import (
 
 __all__ = ["A2ACall", "RuntimeRequestHandler", "published"]
 
-log = logging.getLogger("serve.a2a")
-
 T = TypeVar("T")
 
 _POLL_FIRST_S = 0.05
@@ -98,9 +96,10 @@ class A2ACall:
     principal: Principal
 
 
-def published(api: ApiState, agent: Agent) -> bool:
-    """Whether ``api.a2a_agents`` publishes the agent (``*``: every agent)."""
-    names = {n.strip() for n in api.runtime.settings.api.a2a_agents.split(",") if n.strip()}
+def published(setting: str, agent: Agent) -> bool:
+    """Whether the setting ``api.a2a_agents`` publishes the agent: ``*`` (every agent), or
+    its name or id among the comma-separated entries."""
+    names = {n.strip() for n in setting.split(",") if n.strip()}
     return "*" in names or agent.name in names or str(agent.id) in names
 
 
@@ -151,7 +150,7 @@ class RuntimeRequestHandler(RequestHandler):
             f"A2A agent {call.agent_ref!r}",
             not_found=unknown,
         )
-        if not published(call.api, agent):
+        if not published(call.api.runtime.settings.api.a2a_agents, agent):
             raise unknown
         return agent
 
@@ -284,40 +283,50 @@ class RuntimeRequestHandler(RequestHandler):
         )
 
     async def _wait_run(self, call: A2ACall, run: TaskRun) -> TaskRun:
-        """Read the run until it stops RUNNING, for up to ``MAX_WAIT_S`` (then as it stands:
-        ``tasks/get`` follows it)."""
-        last = run
-        async for changed in self._run_states(call, run, MAX_WAIT_S):
-            last = changed
-        return last
-
-    async def _run_states(
-        self, call: A2ACall, run: TaskRun, limit_s: float | None
-    ) -> AsyncIterator[TaskRun]:
-        """The run each time it changes (a new step, a new status) until it ends (or
-        ``limit_s`` passes), polling its status row with back-off and its ledger on a
-        change. Polled, so it follows a run wherever it is driven (here, a session actor,
-        another replica)."""
+        """Wait up to ``MAX_WAIT_S`` for the run to end (then it is returned as it stands:
+        ``tasks/get`` follows it), polling only its status row (the HTTP long poll's way),
+        with back-off; the whole run is read once at the end."""
         loop = asyncio.get_running_loop()
-        deadline = None if limit_s is None else loop.time() + limit_s
+        deadline, delay = loop.time() + MAX_WAIT_S, _POLL_FIRST_S
+        status = run.status
+        while not status.ended and (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, _POLL_MAX_S)
+            status = await _door(
+                call.api.runtime.run_status(call.org, run.id, principal=call.principal),
+                f"A2A task {run.id}",
+                not_found=TaskNotFoundError(),
+            )
+        return await self._run(call, run.id)
+
+    async def _run_states(self, call: A2ACall, run: TaskRun) -> AsyncIterator[TaskRun]:
+        """The run each time it changes (a new step, a new status) until it ends. Read
+        through the use case with back-off, so it follows a run wherever it is driven
+        (here, a session actor, another replica); while the run waits for an approval
+        (no step can come) only its status row is read."""
         delay = _POLL_FIRST_S
         seen = (run.status, len(run.steps))
         while not run.status.ended:
-            if deadline is not None and loop.time() >= deadline:
-                return
             await asyncio.sleep(delay)
             delay = min(delay * 2, _POLL_MAX_S)
+            if run.status is RunStatus.AWAITING_APPROVAL:
+                status = await _door(
+                    call.api.runtime.run_status(call.org, run.id, principal=call.principal),
+                    f"A2A task {run.id}",
+                    not_found=TaskNotFoundError(),
+                )
+                if status is run.status:
+                    continue
             run = await self._run(call, run.id)
             if (run.status, len(run.steps)) != seen:
                 seen = (run.status, len(run.steps))
                 delay = _POLL_FIRST_S
                 yield run
-        return
 
     async def _run_events(self, call: A2ACall, run: TaskRun) -> AsyncIterator[Event]:
         yield run_task(run)
         told = len(run.steps)
-        async for now in self._run_states(call, run, None):
+        async for now in self._run_states(call, run):
             new, told = now.steps[told:], len(now.steps)
             for step in new:
                 yield run_status_update(now, step_message(now, step), working=True)

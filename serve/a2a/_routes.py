@@ -54,7 +54,7 @@ def a2a_router() -> APIRouter:
         """The agent's A2A card: persona, skills and the tools the key may use with it, its
         JSON-RPC URL, streaming, bearer-key security. 404 for an unpublished agent."""
         found = await state.runtime.get_agent(org, agent, principal=principal)
-        if not published(state, found):
+        if not published(state.runtime.settings.api.a2a_agents, found):
             raise ApiProblem(404, f"agent {agent!r} is not published over A2A")
         tools = await state.runtime.list_tools(org, agent_ref=found.id, principal=principal)
         url = str(request.url_for(_RPC, org=org, agent=str(found.id)))
