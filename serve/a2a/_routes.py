@@ -21,8 +21,9 @@ from fastapi.responses import JSONResponse, Response
 
 from serve._deps import ERRORS, AgentRef, MemberDep, OrgPath, StateDep
 from serve._errors import ApiProblem
+from serve.a2a._call import A2ACall, published
 from serve.a2a._convert import agent_card
-from serve.a2a._handler import A2ACall, RuntimeRequestHandler, published
+from serve.a2a._handler import RuntimeRequestHandler
 
 __all__ = ["A2A_PREFIX", "a2a_router"]
 
