@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import socket
 import sys
@@ -152,9 +153,8 @@ async def open_runtime(settings: Settings, db: Database | None = None) -> Runtim
     )
 
 
-@contextlib.asynccontextmanager
-async def serving(runtime: Runtime, executor: Executor, org: str) -> AsyncIterator[Api]:
-    """The app over real HTTP (uvicorn in this loop), with the org's agents and keys."""
+async def populate(runtime: Runtime, org: str) -> tuple[str, str]:
+    """The org's agents ("hidden" unpublished), ada's key and a key of another org."""
     await runtime.create_agent(
         org, "helper", persona="A helpful clerk who tells the time.",
         skills=["telling the time"], tools=["current_time"],
@@ -163,6 +163,13 @@ async def serving(runtime: Runtime, executor: Executor, org: str) -> AsyncIterat
     await runtime.create_agent(org, "hidden")
     key = await runtime.create_api_key(org, ADA, admin=False, grant=["*"])
     other = await runtime.create_api_key(f"{org}-x", "eve", admin=True, grant=["*"])
+    return key.key, other.key
+
+
+@contextlib.asynccontextmanager
+async def serving(runtime: Runtime, executor: Executor, org: str) -> AsyncIterator[Api]:
+    """The app over real HTTP (uvicorn in this loop), with the org's agents and keys."""
+    key, other = await populate(runtime, org)
     port = _free_port()
     server = uvicorn.Server(
         uvicorn.Config(
@@ -175,7 +182,7 @@ async def serving(runtime: Runtime, executor: Executor, org: str) -> AsyncIterat
         assert not running.done(), "uvicorn did not start"
         await asyncio.sleep(0.02)
     try:
-        yield Api(runtime, f"http://127.0.0.1:{port}", org, key.key, other.key)
+        yield Api(runtime, f"http://127.0.0.1:{port}", org, key, other)
     finally:
         server.should_exit = True
         await running
@@ -508,4 +515,47 @@ async def test_turns_and_runs_through_session_actors(
             run = await runtime.get_run(org, uuid.UUID(task.id), principal=ada(api))
             assert run.status is RunStatus.COMPLETED and run.result == "It is time."
     finally:
+        await runtime.close(close_db=False)
+
+
+# --- through Ray Serve's HTTP proxy -------------------------------------------------------------
+
+
+async def test_through_ray_serve(
+    ray_cluster: Any, db: Database, settings: Settings, org: str
+) -> None:
+    """The API as a Serve application (its replica another process, behind Serve's HTTP
+    proxy): the card names the proxy's URL, a turn streams through the proxy, a run
+    completes."""
+    from ray import serve as ray_serve
+
+    from serve import build_api
+
+    pytest.importorskip("ray.cloudpickle").register_pickle_by_value(sys.modules[__name__])
+    runtime = await open_runtime(a2a_settings(settings), db)
+    port = _free_port()
+    ray_serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        replica = a2a_settings(settings, database_url=db.dsn)
+        factory = functools.partial(open_runtime, replica)
+        ray_serve.run(build_api(factory), name="cortex-a2a-test", route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        api = Api(runtime, url, org, *await populate(runtime, org))
+        async with api.http() as http:
+            helper = await runtime.get_agent(org, "helper")
+            card = await card_of(api, "helper", http)
+            assert card.supported_interfaces[0].url == f"{url}/a2a/{org}/{helper.id}"
+            client = await client_for(api, "helper", http, streaming=True)
+            events = [e async for e in client.send_message(user_message("what time is it?"))]
+            assert states(events)[-2:] == ["artifact_update", "TASK_STATE_COMPLETED"]
+            assert "TASK_STATE_WORKING" in states(events)
+            worker = await client_for(api, "worker", http, streaming=False)
+            task = await only_task(worker, user_message("What time is it?"))
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED
+            run = await runtime.get_run(org, uuid.UUID(task.id), principal=ada(api))
+            assert run.result == "It is time." and run.requested_by == ADA
+            r = await http.post(f"{url}/a2a/{org}/worker", headers={"Authorization": "x"})
+            assert r.status_code == 401 and r.json()["error"]["correlationId"]
+    finally:
+        ray_serve.shutdown()  # type: ignore[no-untyped-call]
         await runtime.close(close_db=False)
