@@ -44,6 +44,7 @@ from a2a.types import (
 )
 from a2a.utils.errors import (
     ContentTypeNotSupportedError,
+    InternalError,
     InvalidParamsError,
     TaskNotCancelableError,
     TaskNotFoundError,
@@ -57,6 +58,8 @@ from cortex_ray import (
     RunStatus,
     Runtime,
     Settings,
+    TurnResult,
+    UnavailableError,
 )
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import ChatRequest, ChatResponse, HashEmbedder, ScriptedModelClient, ToolCall
@@ -558,4 +561,34 @@ async def test_through_ray_serve(
             assert r.status_code == 401 and r.json()["error"]["correlationId"]
     finally:
         ray_serve.shutdown()  # type: ignore[no-untyped-call]
+        await runtime.close(close_db=False)
+
+
+class _UnreachableTurns(InProcessExecutor):
+    """An executor whose turns never reach a driver (an actor that cannot be reached)."""
+
+    async def turn(self, *args: Any, **kwargs: Any) -> TurnResult:
+        raise UnavailableError("the session actor cannot be reached")
+
+
+async def test_a_turn_whose_driver_fails_is_an_a2a_error_not_a_hang(
+    db: Database, settings: Settings, org: str
+) -> None:
+    runtime = await open_runtime(a2a_settings(settings), db)
+    executor = _UnreachableTurns(runtime)
+    try:
+        async with serving(runtime, executor, org) as api, api.http() as http:
+            for streaming in (False, True):
+                client = await client_for(api, "helper", http, streaming=streaming)
+                seen: list[StreamResponse] = []
+                with pytest.raises(InternalError, match="session actor cannot be reached"):
+                    async for event in client.send_message(user_message("hello")):
+                        seen.append(event)
+                if streaming:  # the task came first: it is followed with tasks/get
+                    task_id = seen[0].task.id
+                    got = await client.get_task(GetTaskRequest(id=task_id))
+                    assert got.status.state == TaskState.TASK_STATE_SUBMITTED
+                    assert got.history[0].parts[0].text == "hello"
+    finally:
+        await executor.aclose()
         await runtime.close(close_db=False)

@@ -44,7 +44,7 @@ def published(setting: str, agent: Agent) -> bool:
     return "*" in names or agent.name in names or str(agent.id) in names
 
 
-def a2a_error(exc: CortexError, what: str, *, not_found: A2AError | None = None) -> A2AError:
+def a2a_error(exc: BaseException, what: str, *, not_found: A2AError | None = None) -> A2AError:
     """A refusal of the runtime as the A2A error a client can act on (``not_found`` for a
     404); ``data`` carries the API's status, code and correlation id."""
     problem = report(exc, what=what)

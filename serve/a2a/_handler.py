@@ -46,7 +46,7 @@ from cortex_ray.storage import TurnRecord
 from serve.a2a._call import A2ACall, agent_of, call_of, door
 from serve.a2a._convert import TurnTaskId, parse_task_id, run_task, text_of, turn_task
 from serve.a2a._runs import read_run, run_events, start_run, wait_run
-from serve.a2a._turns import accept_turn, drive_turn, read_turn, turn_events
+from serve.a2a._turns import accept_turn, drive_turn, ended_turn, read_turn, turn_events
 
 __all__ = ["RuntimeRequestHandler"]
 
@@ -68,7 +68,7 @@ class RuntimeRequestHandler(RequestHandler):
             if params.configuration.return_immediately:
                 return turn_task(turn)
             await asyncio.wait([running])
-            return turn_task(await read_turn(call, turn.session_id, turn.id))
+            return await ended_turn(call, turn, running)
         run = await start_run(call, agent, params.message, text)
         if not params.configuration.return_immediately:
             run = await wait_run(call, run)

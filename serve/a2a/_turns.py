@@ -9,15 +9,21 @@ from collections.abc import AsyncIterator, Callable
 from uuid import UUID
 
 from a2a.server.events.event_queue import Event
-from a2a.types import Message, TaskState
+from a2a.types import Message, Task, TaskState
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
 
 from cortex_ray import Agent, TurnEvent, TurnEventKind, TurnResult, events_until
 from cortex_ray.storage import TurnRecord
-from serve.a2a._call import A2ACall, door
-from serve.a2a._convert import artifact_update, event_message, turn_status_update, turn_task
+from serve.a2a._call import A2ACall, a2a_error, door
+from serve.a2a._convert import (
+    artifact_update,
+    event_message,
+    turn_status_update,
+    turn_task,
+    turn_task_id,
+)
 
-__all__ = ["accept_turn", "drive_turn", "read_turn", "turn_events"]
+__all__ = ["accept_turn", "drive_turn", "ended_turn", "read_turn", "turn_events"]
 
 
 async def accept_turn(call: A2ACall, agent: Agent, message: Message, text: str) -> TurnRecord:
@@ -64,6 +70,18 @@ def drive_turn(
     return running
 
 
+async def ended_turn(call: A2ACall, turn: TurnRecord, running: asyncio.Future[TurnResult]) -> Task:
+    """The turn as stored once its driver returned. A driver that failed before the turn
+    ended (its executor or actor unreachable: the supervisor resumes the turn later) is
+    the A2A error the HTTP stream's ``error`` event would be; the turn's task id follows it
+    with ``tasks/get``."""
+    now = await read_turn(call, turn.session_id, turn.id)
+    failed = None if running.cancelled() else running.exception()
+    if failed is not None and not now.status.ended:
+        raise a2a_error(failed, f"A2A turn {turn_task_id(turn)}")
+    return turn_task(now)
+
+
 async def read_turn(call: A2ACall, session_id: UUID, turn_id: UUID) -> TurnRecord:
     return await door(
         call.api.runtime.get_turn(call.org, session_id, turn_id, principal=call.principal),
@@ -86,7 +104,7 @@ async def turn_events(call: A2ACall, turn: TurnRecord) -> AsyncIterator[Event]:
             working = True
             yield turn_status_update(turn, TaskState.TASK_STATE_WORKING)
         yield turn_status_update(turn, TaskState.TASK_STATE_WORKING, event_message(turn, event))
-    ended = turn_task(await read_turn(call, turn.session_id, turn.id))
+    ended = await ended_turn(call, turn, running)
     if (artifact := artifact_update(ended)) is not None:
         yield artifact
     yield turn_status_update(turn, ended.status.state, ended.status.message)
