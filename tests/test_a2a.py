@@ -564,18 +564,22 @@ async def test_through_ray_serve(
         await runtime.close(close_db=False)
 
 
-class _UnreachableTurns(InProcessExecutor):
-    """An executor whose turns never reach a driver (an actor that cannot be reached)."""
+class _Unreachable(InProcessExecutor):
+    """An executor whose turns and runs never reach a driver (actors that cannot be
+    reached)."""
 
     async def turn(self, *args: Any, **kwargs: Any) -> TurnResult:
         raise UnavailableError("the session actor cannot be reached")
 
+    async def start_run(self, org_id: str, run_id: uuid.UUID) -> None:
+        raise UnavailableError("the session directory cannot be reached")
 
-async def test_a_turn_whose_driver_fails_is_an_a2a_error_not_a_hang(
+
+async def test_a_driver_that_fails_is_an_a2a_error_not_a_hang(
     db: Database, settings: Settings, org: str
 ) -> None:
     runtime = await open_runtime(a2a_settings(settings), db)
-    executor = _UnreachableTurns(runtime)
+    executor = _Unreachable(runtime)
     try:
         async with serving(runtime, executor, org) as api, api.http() as http:
             for streaming in (False, True):
@@ -589,6 +593,13 @@ async def test_a_turn_whose_driver_fails_is_an_a2a_error_not_a_hang(
                     got = await client.get_task(GetTaskRequest(id=task_id))
                     assert got.status.state == TaskState.TASK_STATE_SUBMITTED
                     assert got.history[0].parts[0].text == "hello"
+            worker = await client_for(api, "worker", http, streaming=False)
+            with pytest.raises(InternalError, match="session directory cannot be reached"):
+                await only_task(worker, user_message("What time is it?"))
+            # Recorded before the executor was asked: RUNNING, for the supervisor to resume.
+            [run] = await runtime.list_runs(org, principal=ada(api))
+            assert run.status is RunStatus.RUNNING and run.goal == "What time is it?"
+            await runtime.cancel_run(org, run.id, principal=ada(api))
     finally:
         await executor.aclose()
         await runtime.close(close_db=False)

@@ -13,7 +13,7 @@ from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
 
 from cortex_ray import Agent, RunStatus, TaskRun
 from serve._deps import MAX_WAIT_S
-from serve.a2a._call import A2ACall, door
+from serve.a2a._call import A2ACall, a2a_error, door
 from serve.a2a._convert import (
     CONTEXT_PREFIX,
     artifact_update,
@@ -43,7 +43,10 @@ async def start_run(call: A2ACall, agent: Agent, message: Message, text: str) ->
         ),
         f"A2A run of {agent.name}",
     )  # fmt: skip
-    await call.api.executor.start_run(call.org, run.id)
+    try:
+        await call.api.executor.start_run(call.org, run.id)
+    except Exception as exc:  # recorded RUNNING: the supervisor resumes it
+        raise a2a_error(exc, f"A2A run {run.id} handed to the executor") from exc
     return run
 
 
