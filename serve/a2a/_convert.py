@@ -360,7 +360,7 @@ def agent_card(agent: Agent, tools: Sequence[ToolSpec], url: str) -> AgentCard:
         name=agent.name,
         description=description,
         version=cortex_ray.__version__,
-        provider=AgentProvider(organization="cortex-ray", url=url),
+        provider=AgentProvider(organization=agent.org_id, url=url),
         supported_interfaces=[
             AgentInterface(
                 url=url, protocol_binding=TransportProtocol.JSONRPC.value, protocol_version=v
