@@ -1,7 +1,7 @@
 """The HTTP API as a FastAPI app: it opens the runtime and the executor, and includes the
 routers of ``serve.routes`` (one per domain: agents, runs, sessions, tools, memory,
-knowledge, graph, evals, governance, workflows, plus health and the key's principal), and
-mounts the MCP endpoint (``serve.mcp``, ``/mcp/{org}``).
+knowledge, graph, evals, governance, workflows, plus health and the key's principal),
+mounts the MCP endpoint (``serve.mcp``, ``/mcp/{org}``) and the A2A routes (``serve.a2a``).
 
 ``create_app`` takes the runtime (or the settings to open one) and the ``Executor`` that
 drives runs and turns, so the same app runs in-process (tests, one machine) and as the Ray
@@ -35,6 +35,7 @@ from cortex_ray.knowledge import HealthSweeper, SourceHealthMonitor
 from serve._deps import ApiState
 from serve._errors import error_response, install_error_handlers
 from serve._tracing import TraceRequests
+from serve.a2a import a2a_router
 from serve.mcp import MCP_PATH, McpEndpoint
 from serve.routes import ROUTERS
 
@@ -192,4 +193,5 @@ def create_app(
     for router in ROUTERS:
         app.include_router(router())
     app.router.routes.append(Route(MCP_PATH, mcp, name="mcp"))
+    app.include_router(a2a_router())  # agents over A2A (docs/a2a.md)
     return app

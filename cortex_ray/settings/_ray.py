@@ -44,6 +44,12 @@ class ApiOptions(BaseModel):
         description="CPUs each API replica reserves (it mostly waits on the database and the "
         "actors); with the served models the local stack reserves 1.5",
     )
+    a2a_agents: str = Field(
+        default="*",
+        max_length=10_000,
+        description="agents published over A2A (/a2a/{org}/{agent}): `*` every agent, or "
+        "agent names and ids separated by commas; empty: none",
+    )
 
 
 class SessionPolicy(BaseModel):
