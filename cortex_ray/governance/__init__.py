@@ -12,6 +12,15 @@ from cortex_ray.governance._ledger import (
     ledger_page,
     parse_cursor,
 )
+from cortex_ray.governance._mcp import (
+    MCP_KIND,
+    McpConnectorStore,
+    McpRegistration,
+    PinChange,
+    PinnedTool,
+    PinStatus,
+    is_mcp_instance,
+)
 from cortex_ray.governance._patterns import InputLimits
 from cortex_ray.governance._policy import (
     REDACTED,
@@ -73,6 +82,7 @@ from cortex_ray.governance._workflows import (
 __all__ = [
     "CONNECTOR_ENTRY_POINTS",
     "DEFAULT_MAX_SECONDS",
+    "MCP_KIND",
     "NAME_PATTERN",
     "REDACTED",
     "Approval",
@@ -90,6 +100,11 @@ __all__ = [
     "InputLimits",
     "LedgerEvent",
     "LedgerKey",
+    "McpConnectorStore",
+    "McpRegistration",
+    "PinChange",
+    "PinStatus",
+    "PinnedTool",
     "ReportedCall",
     "RequiredEvidence",
     "RiskLevel",
@@ -116,6 +131,7 @@ __all__ = [
     "check_inputs",
     "discover_connectors",
     "evidence_of",
+    "is_mcp_instance",
     "is_sha256",
     "ledger_page",
     "load_previous_keys",
