@@ -4,6 +4,16 @@ The vocabulary (:mod:`cortex_ray.mcp._types`) is what the governance layer and t
 speak; the client that talks to servers implements :class:`McpClient` with the official
 ``mcp`` SDK."""
 
+from cortex_ray.mcp._overlay import McpToolOverlay, NoMcpClient, offered_definitions
+from cortex_ray.mcp._tools import (
+    DEFAULT_CALL_TIMEOUT_S,
+    McpToolError,
+    connection_key,
+    mcp_tools,
+    principal_secret_name,
+    render_result,
+    resolve_credentials,
+)
 from cortex_ray.mcp._types import (
     McpCallResult,
     McpClient,
@@ -20,6 +30,7 @@ from cortex_ray.mcp._types import (
 )
 
 __all__ = [
+    "DEFAULT_CALL_TIMEOUT_S",
     "McpCallResult",
     "McpClient",
     "McpContent",
@@ -30,6 +41,15 @@ __all__ = [
     "McpServerConfig",
     "McpToolAnnotations",
     "McpToolDefinition",
+    "McpToolError",
+    "McpToolOverlay",
     "McpTransport",
+    "NoMcpClient",
+    "connection_key",
     "mcp_tool_name",
+    "mcp_tools",
+    "offered_definitions",
+    "principal_secret_name",
+    "render_result",
+    "resolve_credentials",
 ]
