@@ -34,11 +34,13 @@ from cortex_ray.governance import (
     ConnectorPolicy,
     GovernanceStore,
     InputLimits,
+    McpConnectorStore,
     SecretStore,
     discover_connectors,
 )
 from cortex_ray.knowledge import KnowledgeService, knowledge_search_tool
 from cortex_ray.learn import Learner
+from cortex_ray.mcp import DEFAULT_CALL_TIMEOUT_S, McpClient, McpToolOverlay, NoMcpClient
 from cortex_ray.memory import EMBEDDING_DIM, ImportanceScorer, MemoryService, importance_scorer_for
 from cortex_ray.models import (
     CrossEncoderReranker,
@@ -52,6 +54,7 @@ from cortex_ray.observability import Tracing
 from cortex_ray.perceive import PromptComposer, ToolRetriever, WorkingMemoryAssembler
 from cortex_ray.runtime._admission import Admission
 from cortex_ray.runtime._agents import AgentUseCases
+from cortex_ray.runtime._connectors import McpConnectors, UrlGuard
 from cortex_ray.runtime._evals import EvalUseCases
 from cortex_ray.runtime._execution import Execution
 from cortex_ray.runtime._gate import AccessGate
@@ -110,6 +113,8 @@ class Parts:
     eval_cases: EvalUseCases
     keys: KeyUseCases
     execution: Execution
+    connectors: McpConnectors
+    mcp_client: McpClient
     owns_model: bool = False
     owns_db: bool = False
 
@@ -126,9 +131,13 @@ def wire(
     knowledge: KnowledgeService | None = None,
     critic_model: ModelClient | None = None,
     connectors: Iterable[Connector] = (),
+    mcp_client: McpClient | None = None,
+    mcp_url_guard: UrlGuard | None = None,
+    mcp_call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
 ) -> Parts:
     """Everything the decision cycle and the use cases need, built once on the database,
-    the memory and the models given."""
+    the memory and the models given. ``mcp_client`` speaks to the organisations' MCP
+    servers (none: their tools fail, clearly); ``mcp_url_guard`` checks a server's URL."""
     store = Store(db)
     turns = TurnStore(db)
     access = AccessControlService()
@@ -147,6 +156,17 @@ def wire(
         pattern_budget_s=settings.governance.schema_pattern_budget_s,
     )
     secrets = SecretStore(db, settings.governance, settings.storage.data_dir)
+    # Each organisation's MCP servers' approved tools, an overlay the registry consults by
+    # organisation (reloaded like grants: settings.governance.grant_cache_s).
+    mcp_store = McpConnectorStore(db)
+    client = mcp_client or NoMcpClient()
+    overlay = McpToolOverlay(
+        mcp_store,
+        client,
+        call_timeout_s=mcp_call_timeout_s,
+        cache_s=settings.governance.grant_cache_s,
+    )
+    registry.attach(overlay)
     dispatcher = ToolDispatcher(
         registry,
         access,
@@ -198,6 +218,11 @@ def wire(
         deadline_s=min(settings.sessions.turn_deadline_s, settings.runs.step_deadline_s),
     )  # fmt: skip
     runs = RunUseCases(gate, store, cycle, settings, traces, driver_id, admission)
+    mcp_connectors = McpConnectors(
+        gate=gate, store=store, mcp=mcp_store, governance=connector_policy.store,
+        policy=connector_policy, overlay=overlay, client=client, secrets=secrets,
+        url_guard=mcp_url_guard, list_timeout_s=mcp_call_timeout_s,
+    )  # fmt: skip
 
     def tools_of(connector: str) -> list[str]:
         """The names of the registered tools that belong to ``connector``."""
@@ -220,6 +245,7 @@ def wire(
             gate=gate, store=store, governance=connector_policy.store, policy=connector_policy,
             tools_of=tools_of, excludes_requester=settings.governance.approval_excludes_requester,
             secrets=secrets, input_limits=input_limits,
+            mcp_tools_of=mcp_connectors.tool_names,
         ),
         workflows=Workflows(
             gate=gate, store=store, governance=connector_policy.store,
@@ -240,6 +266,8 @@ def wire(
             cycle=cycle, store=store, turns=turns, learner=learner, model=model,
             settings=settings, driver_id=driver_id,
         ),
+        connectors=mcp_connectors,
+        mcp_client=client,
     )  # fmt: skip
 
 
@@ -255,6 +283,8 @@ async def open_parts(
     reranker: Reranker | None = None,
     critic_model: ModelClient | None = None,
     connectors: Iterable[Connector] | None = None,
+    mcp_client: McpClient | None = None,
+    mcp_url_guard: UrlGuard | None = None,
 ) -> Parts:
     """Start or reach the database, open the models the settings name, and ``wire`` the
     rest (see ``Runtime.open``); what this call opened is closed again if a later step
@@ -324,6 +354,8 @@ async def open_parts(
             knowledge=knowledge,
             critic_model=critic_model,
             connectors=connectors,
+            mcp_client=mcp_client,
+            mcp_url_guard=mcp_url_guard,
         )
         # Close only what this call opened; a caller's model or database is theirs.
         wired.owns_model = opens_chat
