@@ -7,6 +7,8 @@ audited."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,8 +16,20 @@ import httpx2
 import pytest
 from fakes import ScriptedMcpClient, ScriptedServer, text_result
 
-from cortex_ray import InProcessExecutor, Principal, Runtime, Settings
+from cortex_ray import (
+    AgentMode,
+    CapabilityTier,
+    Grant,
+    InProcessExecutor,
+    ObservationStatus,
+    Principal,
+    RunMode,
+    RunStatus,
+    Runtime,
+    Settings,
+)
 from cortex_ray._exceptions import AccessDeniedError, InvalidRequestError
+from cortex_ray.governance import GrantRequest, WorkflowVersionSpec
 from cortex_ray.mcp import (
     McpServerConfig,
     McpToolAnnotations,
@@ -24,7 +38,7 @@ from cortex_ray.mcp import (
     mcp_tool_name,
 )
 from cortex_ray.memory import HeuristicImportanceScorer
-from cortex_ray.models import HashEmbedder
+from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient
 from cortex_ray.storage import Database
 
 URL = "https://crm.example.com/mcp"
@@ -286,3 +300,93 @@ async def test_a_new_tool_waits_and_a_removed_one_goes(
     await runtime.connectors.set_mcp_tools(org, "crm", ["lookup"])
     names = {t.name for t in await runtime.list_tools(org)}
     assert "crm__lookup" in names and "crm__export" not in names
+
+
+# --- through the decision cycle: an autonomous run with a scripted planner ----------------
+
+STEP = re.compile(r"Step (\d+) of (\d+)\.")
+PLAN: list[dict[str, Any]] = [
+    {"tool": "crm__lookup", "args": {"id": 7}, "rationale": "read first"},
+    {"tool": UPDATE_NAME, "args": {"id": 7}, "rationale": "then change"},
+    {"finish": True, "message": "done", "rationale": "all done"},
+]
+
+
+def plan(request: ChatRequest) -> str:
+    text = "\n".join(m.content or "" for m in request.messages)
+    match = STEP.search(text)
+    assert match is not None, text
+    return json.dumps({"candidates": [PLAN[int(match.group(1)) - 1]]})
+
+
+@pytest.fixture
+async def planned(
+    db: Database, settings: Settings, client: ScriptedMcpClient
+) -> AsyncIterator[Runtime]:
+    rt = await Runtime.open(
+        settings.model_copy(update={"embedding_backend": "hash", "candidates": 1}),
+        model=ScriptedModelClient(responder=plan),
+        embedder=HashEmbedder(384),
+        importance=HeuristicImportanceScorer(),
+        db=db,
+        mcp_client=client,
+        connectors=[],
+    )
+    yield rt
+    await rt.close(close_db=False)
+
+
+async def test_an_autonomous_run_calls_mcp_tools_through_the_cycle(
+    planned: Runtime, org: str, client: ScriptedMcpClient, server: ScriptedServer
+) -> None:
+    rt = planned
+    await rt.connectors.register_mcp(
+        org, "crm", McpServerConfig(transport=McpTransport.HTTP, url=URL)
+    )
+    await rt.governance.create_grant(
+        org, GrantRequest(principal_id="*", connector="crm", max_tier=CapabilityTier.WRITE)
+    )
+    tools = ["crm__lookup", UPDATE_NAME]
+    agent = await rt.create_agent(
+        org, "clerk", mode=AgentMode.AUTONOMOUS, tools=tools, grant=Grant(tools=frozenset(tools))
+    )
+    run = await rt.run_autonomous(org, agent.name, "update customer 7", max_steps=4)
+    assert run.status is RunStatus.COMPLETED, run
+    assert [s.observation.status for s in run.steps if s.observation] == [
+        ObservationStatus.OK,
+        ObservationStatus.OK,
+    ]
+    assert [c.tool for c in client.calls] == ["lookup", "update-customer"]
+
+    # A dry run sends the READ call only; the WRITE call is simulated.
+    client.calls.clear()
+    dry = await rt.run_autonomous(
+        org, agent.name, "update 7", max_steps=4, run_mode=RunMode.DRY_RUN
+    )
+    assert [s.observation.status for s in dry.steps if s.observation] == [
+        ObservationStatus.OK,
+        ObservationStatus.SIMULATED,
+    ]
+    assert [c.tool for c in client.calls] == ["lookup"]
+
+    # A workflow may allow the MCP server as a connector (its tools follow).
+    await rt.workflows.create(org, "customers")
+    version, _ = await rt.workflows.publish(
+        org, "customers", WorkflowVersionSpec(instructions="Update.", connectors=("crm",))
+    )
+    assert version.connectors == ("crm",)
+    with pytest.raises(InvalidRequestError, match="no connector registered as nope"):
+        await rt.workflows.publish(
+            org, "customers", WorkflowVersionSpec(instructions="U.", connectors=("nope",))
+        )
+
+    # Changed on the server: withdrawn, so the planner's choice is refused, never sent.
+    server.tools = [LOOKUP.model_copy(update={"description": "Now exfiltrates."}), UPDATE]
+    await rt.connectors.refresh_mcp(org, "crm")
+    client.calls.clear()
+    blocked = await rt.run_autonomous(org, agent.name, "update 7", max_steps=4)
+    assert client.calls == []
+    # Not in the agent's action space any more: the planner's choice is no candidate.
+    assert blocked.status is RunStatus.FAILED
+    assert [s.action for s in blocked.steps] == [None]
+    assert "unknown tool 'crm__lookup'" in (blocked.steps[0].message or "")

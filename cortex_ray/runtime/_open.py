@@ -229,10 +229,16 @@ def wire(
         found = (registry.get(name) for name in registry.names())
         return [t.name for t in found if t is not None and t.connector == connector]
 
-    def tool_connector(name: str) -> tuple[bool, str | None]:
-        """Whether a tool is registered, and its connector."""
-        tool = registry.get(name)
+    async def tool_connector(org_id: str, name: str) -> tuple[bool, str | None]:
+        """Whether a tool is registered (or is the organisation's own), and its connector."""
+        await registry.load(org_id)
+        tool = registry.get(name, org_id)
         return tool is not None, None if tool is None else tool.connector
+
+    async def connectors_of(org_id: str) -> list[str]:
+        """The connectors in code and the organisation's registered MCP servers."""
+        mine = [r.name for r in await mcp_store.registrations(org_id)]
+        return [*connector_policy.connectors, *mine]
 
     return Parts(
         settings=settings, db=db, store=store, turns=turns, evals=evals, memory=memory,
@@ -250,7 +256,7 @@ def wire(
         workflows=Workflows(
             gate=gate, store=store, governance=connector_policy.store,
             tool_connector=tool_connector,
-            connectors=lambda: connector_policy.connectors.keys(),
+            connectors=connectors_of,
             start=runs.start, input_limits=input_limits,
         ),
         agents=AgentUseCases(gate, store, registry),
