@@ -12,16 +12,17 @@ from cortex_ray.governance._ledger import (
     ledger_page,
     parse_cursor,
 )
-from cortex_ray.governance._mcp import (
+from cortex_ray.governance._mcp import McpConnectorStore
+from cortex_ray.governance._patterns import InputLimits
+from cortex_ray.governance._pins import (
     MCP_KIND,
-    McpConnectorStore,
     McpRegistration,
     PinChange,
     PinnedTool,
     PinStatus,
     is_mcp_instance,
+    pin_listing,
 )
-from cortex_ray.governance._patterns import InputLimits
 from cortex_ray.governance._policy import (
     REDACTED,
     ConnectorPolicy,
@@ -137,6 +138,7 @@ __all__ = [
     "load_previous_keys",
     "load_secret_key",
     "parse_cursor",
+    "pin_listing",
     "redact",
     "redact_values",
     "run_mode_for",

@@ -1,4 +1,5 @@
-"""MCP servers registered as connectors, and the tool definitions each one pinned.
+"""The store of MCP servers registered as connectors, and of the tool definitions each one
+pinned (the vocabulary and the pinning rule: ``_pins``).
 
 A registration is per organisation: the server configuration (``McpServerConfig`` as JSON:
 where to reach it and the names of its secrets, never their values), tier overrides per
@@ -15,90 +16,23 @@ and definitions are JSON here, validated by the layer that builds them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
-from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 from psycopg.types.json import Jsonb
-from pydantic import BaseModel, ConfigDict, Field
 
 from cortex_ray._exceptions import ConflictError, NotFoundError
 from cortex_ray._types import CapabilityTier, utcnow
-from cortex_ray.governance._types import ConnectorInstance
+from cortex_ray.governance._pins import (
+    MCP_KIND,
+    McpRegistration,
+    PinChange,
+    PinnedTool,
+    PinStatus,
+    pin_listing,
+)
 from cortex_ray.storage import Database
 
-__all__ = [
-    "MCP_KIND",
-    "McpConnectorStore",
-    "McpRegistration",
-    "PinChange",
-    "PinStatus",
-    "PinnedTool",
-    "is_mcp_instance",
-]
-
-MCP_KIND = "mcp"
-"""``ConnectorInstance.config["kind"]`` of an MCP server's instance."""
-
-
-def is_mcp_instance(instance: ConnectorInstance) -> bool:
-    """Whether an installed connector is a registered MCP server (its definition is the
-    registration, not code)."""
-    return instance.config.get("kind") == MCP_KIND
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class PinStatus(StrEnum):
-    APPROVED = "approved"
-    """Offered as a tool (its digest is the approved one)."""
-    PENDING = "pending"
-    """New, or changed since approved: disabled until an admin approves this digest."""
-    REMOVED = "removed"
-    """The server no longer lists it."""
-
-
-class McpRegistration(_Model):
-    """An MCP server registered in one organisation."""
-
-    org_id: str
-    name: str
-    config: dict[str, Any]
-    tier_overrides: dict[str, CapabilityTier] = Field(default_factory=dict)
-    """Server tool name → the tier the gate uses instead of the annotations' default."""
-    enabled_tools: tuple[str, ...] | None = None
-    """The server's tools offered (``None``: all approved ones)."""
-    created_by: str
-    created_at: datetime
-    refreshed_at: datetime | None = None
-    enabled: bool = True
-
-
-class PinnedTool(_Model):
-    """One tool definition as pinned (``tool`` is the server's own name)."""
-
-    org_id: str
-    connector: str
-    tool: str
-    digest: str
-    definition: dict[str, Any]
-    status: PinStatus
-    approved_digest: str | None = None
-    first_seen: datetime
-    changed_at: datetime
-    approved_by: str | None = None
-    approved_at: datetime | None = None
-
-
-class PinChange(_Model):
-    """What one listing changed for one tool (each is audited)."""
-
-    tool: str
-    change: Literal["pinned", "new", "changed", "removed", "restored"]
-    status: PinStatus
-    digest: str
+__all__ = ["McpConnectorStore"]
 
 
 def _registration(row: dict[str, Any]) -> McpRegistration:
@@ -287,7 +221,6 @@ class McpConnectorStore:
         """Pin what a listing of the server returned (``(tool, digest, definition)`` each),
         under a lock of the registration, and say what changed (see the module docstring)."""
         now = utcnow()
-        changes: list[PinChange] = []
         async with self.db.transaction() as conn:
             cur = await conn.execute(
                 "SELECT refreshed_at FROM mcp_connectors WHERE org_id = %s AND name = %s "
@@ -303,10 +236,11 @@ class McpConnectorStore:
                 (org_id, name),
             )
             pinned = {r["tool"]: _pin(r) for r in await cur.fetchall()}
-            for tool, digest, definition in listed:
-                old = pinned.get(tool)
-                if old is None:
-                    status = PinStatus.APPROVED if first else PinStatus.PENDING
+            definitions = {tool: definition for tool, _, definition in listed}
+            changes = pin_listing(pinned, [(t, d) for t, d, _ in listed], first=first)
+            for c in changes:
+                if c.tool not in pinned:
+                    approved = c.status is PinStatus.APPROVED
                     await conn.execute(
                         """
                         INSERT INTO mcp_tool_pins (org_id, connector, tool, digest, definition,
@@ -314,47 +248,28 @@ class McpConnectorStore:
                             approved_at)
                         VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
                         """,
-                        (org_id, name, tool, digest, Jsonb(definition), status.value,
-                         digest if first else None, now, now, by if first else None,
-                         now if first else None),
+                        (org_id, name, c.tool, c.digest, Jsonb(definitions[c.tool]),
+                         c.status.value, c.digest if approved else None, now, now,
+                         by if approved else None, now if approved else None),
                     )  # fmt: skip
-                    changes.append(PinChange(
-                        tool=tool, change="pinned" if first else "new", status=status,
-                        digest=digest,
-                    ))  # fmt: skip
-                    continue
-                if old.digest == digest and old.status is not PinStatus.REMOVED:
-                    continue
-                change: Literal["new", "changed", "restored"]
-                if digest == old.approved_digest:
-                    status, change = PinStatus.APPROVED, "restored"
+                elif c.status is PinStatus.REMOVED:
+                    await conn.execute(
+                        """
+                        UPDATE mcp_tool_pins SET status = 'removed', changed_at = %s
+                        WHERE org_id = %s AND connector = %s AND tool = %s
+                        """,
+                        (now, org_id, name, c.tool),
+                    )
                 else:
-                    status, change = PinStatus.PENDING, "changed"
-                if old.status is PinStatus.REMOVED and old.approved_digest is None:
-                    change = "new"
-                await conn.execute(
-                    """
-                    UPDATE mcp_tool_pins SET digest = %s, definition = %s, status = %s,
-                        changed_at = %s
-                    WHERE org_id = %s AND connector = %s AND tool = %s
-                    """,
-                    (digest, Jsonb(definition), status.value, now, org_id, name, tool),
-                )
-                changes.append(PinChange(tool=tool, change=change, status=status, digest=digest))
-            names = {tool for tool, _, _ in listed}
-            for tool, old in pinned.items():
-                if tool in names or old.status is PinStatus.REMOVED:
-                    continue
-                await conn.execute(
-                    """
-                    UPDATE mcp_tool_pins SET status = 'removed', changed_at = %s
-                    WHERE org_id = %s AND connector = %s AND tool = %s
-                    """,
-                    (now, org_id, name, tool),
-                )
-                changes.append(PinChange(
-                    tool=tool, change="removed", status=PinStatus.REMOVED, digest=old.digest
-                ))  # fmt: skip
+                    await conn.execute(
+                        """
+                        UPDATE mcp_tool_pins SET digest = %s, definition = %s, status = %s,
+                            changed_at = %s
+                        WHERE org_id = %s AND connector = %s AND tool = %s
+                        """,
+                        (c.digest, Jsonb(definitions[c.tool]), c.status.value, now, org_id,
+                         name, c.tool),
+                    )  # fmt: skip
             await conn.execute(
                 "UPDATE mcp_connectors SET refreshed_at = %s WHERE org_id = %s AND name = %s",
                 (now, org_id, name),

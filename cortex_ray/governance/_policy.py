@@ -21,7 +21,6 @@ from jsonschema.protocols import Validator
 
 from cortex_ray._exceptions import InvalidRequestError
 from cortex_ray._types import CapabilityTier, utcnow
-from cortex_ray.governance._mcp import is_mcp_instance
 from cortex_ray.governance._patterns import (
     BoundedValidator,
     InputLimits,
@@ -29,6 +28,7 @@ from cortex_ray.governance._patterns import (
     check_patterns,
     pattern_budget,
 )
+from cortex_ray.governance._pins import is_mcp_instance
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
     APPROVAL_RANK,
