@@ -155,6 +155,20 @@ async def test_an_mcp_server_as_a_governed_connector_over_http(
         ("update-customer", "pinned", "approved"),
     ]
     assert client.listings[-1][1].headers == {"Authorization": "Bearer tok-123"}
+    # A connector like any other: listed with its tools, checked, granted by tool name.
+    connectors = _ok(await http.get(f"{base}/connectors", headers=member))["connectors"]
+    crm = next(c for c in connectors if c["name"] == "crm")
+    assert sorted(crm["tools"]) == ["crm__lookup", UPDATE_NAME] and crm["health"] == "ok"
+    server.down = True
+    checked = _ok(await http.post(f"{base}/connectors/crm/check", headers=admin))
+    assert checked["health"].startswith("failing:") and "connection refused" in checked["health"]
+    server.down = False
+    checked = _ok(await http.post(f"{base}/connectors/crm/check", headers=admin))
+    assert checked["health"] == "ok"
+    stranger = {"principalId": "*", "connector": "crm", "tools": ["crm__nope"]}
+    assert "crm__nope" in _error(
+        await http.post(f"{base}/grants", json=stranger, headers=admin), 422
+    )
     listed = _ok(await http.get(f"{base}/tools", headers=member))
     tiers = {t["name"]: t["tier"] for t in listed["tools"]}
     assert tiers["crm__lookup"] == "read" and tiers[UPDATE_NAME] == "write"

@@ -351,6 +351,34 @@ class McpConnectors:
         self._changed(org_id)
         await self.gate.audited(caller, UseCase.MCP_REMOVE, org_id, args=args)
 
+    async def health_of(self, org_id: str, caller: Principal, name: str) -> str | None:
+        """Ask a registered server whether it answers (``ok``, or ``failing: why``), with
+        the caller's credentials for a per-principal server; ``None`` when no server of that
+        name is registered here. The caller (``Governance.check_connector``) records and
+        audits it."""
+        registration = await self.mcp.find(org_id, name)
+        if registration is None:
+            return None
+        config = McpServerConfig.model_validate(registration.config)
+        who = caller.id if config.per_principal else None
+
+        async def reveal(secret: str) -> str:
+            if self.secrets is None:
+                raise InvalidRequestError("this runtime has no secret store")
+            return await self.secrets.reveal(org_id, secret, connector=name)
+
+        try:
+            credentials = await resolve_credentials(config, reveal, who)
+            async with asyncio.timeout(self.list_timeout_s):
+                problem = await self.client.health(
+                    connection_key(org_id, name, who), config, credentials
+                )
+        except TimeoutError:
+            problem = f"no answer in {self.list_timeout_s:g}s"
+        except Exception as exc:  # a probe's failure is the health it reports
+            problem = f"{type(exc).__name__}: {exc}"
+        return "ok" if problem is None else f"failing: {problem}"
+
     async def tool_names(self, org_id: str, name: str) -> list[str] | None:
         """The cortex-ray tool names of a registered server's pinned tools (any status), or
         ``None`` when no server of that name is registered here (for grants)."""

@@ -59,7 +59,10 @@ class Governance:
         secrets: SecretStore | None = None,
         input_limits: InputLimits | None = None,
         mcp_tools_of: Callable[[str, str], Awaitable[list[str] | None]] | None = None,
+        mcp_health: Callable[[str, Principal, str], Awaitable[str | None]] | None = None,
     ) -> None:
+        self._mcp_health = mcp_health
+        """Probe an organisation's registered MCP server (``None``: no such server)."""
         self.gate = gate
         self._mcp_tools_of = mcp_tools_of
         """The tool names of an organisation's registered MCP server (``None``: no such
@@ -169,9 +172,14 @@ class Governance:
         answer (``ok``, or why not; ``unknown`` without a probe)."""
         args = {"connector": name}
         caller = await self.gate.authorize(principal, UseCase.CONNECTORS_CHECK, org_id, args=args)
-        definition = self._definition(name)
+        mcp = None
+        if name not in self.policy.connectors and self._mcp_health is not None:
+            mcp = await self._mcp_health(org_id, caller, name)
+        definition = self._definition(name) if mcp is None else None
         instance = await self.gov.instance(org_id, name)
-        if definition.health is None:
+        if mcp is not None:
+            health = mcp
+        elif definition is None or definition.health is None:
             health = "unknown"
         else:
             try:

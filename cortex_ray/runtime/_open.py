@@ -251,7 +251,7 @@ def wire(
             gate=gate, store=store, governance=connector_policy.store, policy=connector_policy,
             tools_of=tools_of, excludes_requester=settings.governance.approval_excludes_requester,
             secrets=secrets, input_limits=input_limits,
-            mcp_tools_of=mcp_connectors.tool_names,
+            mcp_tools_of=mcp_connectors.tool_names, mcp_health=mcp_connectors.health_of,
         ),
         workflows=Workflows(
             gate=gate, store=store, governance=connector_policy.store,
