@@ -11,11 +11,12 @@ governance (``Governance``), workflows (``Workflows``) and MCP connectors
 """
 
 from cortex_ray.cycle import StepCallback, TurnEventRelay, TurnEventSink, events_until
-from cortex_ray.runtime._connectors import McpConnectors, McpServerView, UrlGuard, basic_url_guard
+from cortex_ray.runtime._connectors import McpConnectors, McpServerView
 from cortex_ray.runtime._executor import Executor, InProcessExecutor
 from cortex_ray.runtime._gate import AccessGate, UseCaseGate
 from cortex_ray.runtime._governance import Governance
 from cortex_ray.runtime._keys import ApiKeyCreated, ApiKeyRevoked
+from cortex_ray.runtime._mcp_config import UrlGuard, basic_url_guard
 from cortex_ray.runtime._runs import MAX_CONTACT_CONTEXT_BYTES, RunRequest
 from cortex_ray.runtime._runtime import Runtime
 from cortex_ray.runtime._supervisor import RunSupervisor

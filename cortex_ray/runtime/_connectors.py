@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from cortex_ray._exceptions import (
     AccessDeniedError,
@@ -42,37 +40,15 @@ from cortex_ray.mcp import (
     McpClient,
     McpServerConfig,
     McpToolOverlay,
-    McpTransport,
     connection_key,
     mcp_tool_name,
     resolve_credentials,
 )
-from cortex_ray.observability import scrub_text
 from cortex_ray.runtime._gate import UseCaseGate
+from cortex_ray.runtime._mcp_config import UrlGuard, basic_url_guard, check_config
 from cortex_ray.storage import Store
 
-__all__ = ["McpConnectors", "McpServerView", "UrlGuard", "basic_url_guard"]
-
-UrlGuard = Callable[[str], None]
-"""Refuses a server URL (``InvalidRequestError`` with the reason) or lets it pass."""
-
-_SECRET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")
-STDIO_REFUSED = (
-    "a stdio MCP server is a command run on this machine: only the local operator (the "
-    "CLI or Python) may register one, never an HTTP caller"
-)
-
-
-def basic_url_guard(url: str) -> None:
-    """The guard used when the runtime is given none: an ``http``/``https`` URL with a host
-    and no user or password in it (credentials are secrets, named in the config)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidRequestError(f"an MCP server URL is http(s)://host/...: {url[:200]!r}")
-    if parts.username is not None or parts.password is not None:
-        raise InvalidRequestError(
-            "an MCP server URL holds no credentials: name a secret in headers/bearer_secret"
-        )
+__all__ = ["McpConnectors", "McpServerView"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,35 +97,6 @@ class McpConnectors:
         self.overlay.invalidate(org_id)
         self.policy.invalidate(org_id)
 
-    def _check_config(self, config: McpServerConfig, local_operator: bool) -> None:
-        if config.transport is McpTransport.STDIO:
-            if not local_operator:
-                raise AccessDeniedError(STDIO_REFUSED)
-            if not config.command:
-                raise InvalidRequestError("a stdio MCP server needs a command")
-            if config.url is not None:
-                raise InvalidRequestError("a stdio MCP server has no url")
-        else:
-            if not config.url:
-                raise InvalidRequestError("an HTTP MCP server needs a url")
-            if config.command is not None or config.args or config.env or config.cwd:
-                raise InvalidRequestError("an HTTP MCP server has no command, args, env or cwd")
-            self.url_guard(config.url)
-        names = [*config.headers.values(), *config.env.values()]
-        if config.bearer_secret is not None:
-            names.append(config.bearer_secret)
-        for name in names:
-            if not _SECRET_NAME.fullmatch(name):
-                raise InvalidRequestError(
-                    f"{name[:40]!r} is not a secret's name: headers, env and bearer_secret "
-                    "name secrets of the secret store, never hold their values"
-                )
-        for text in (config.url or "", config.command or "", *config.args):
-            if scrub_text(text) != text:
-                raise InvalidRequestError(
-                    "the configuration holds a credential: keep secrets in the secret store"
-                )
-
     async def register_mcp(
         self,
         org_id: str,
@@ -175,7 +122,7 @@ class McpConnectors:
         args = {"connector": name[:100], "transport": config.transport.value}
         caller = await self.gate.authorize(principal, UseCase.MCP_REGISTER, org_id, args=args)
         try:
-            self._check_config(config, local_operator)
+            check_config(config, local_operator, self.url_guard)
         except AccessDeniedError as exc:
             await self._refused(caller, UseCase.MCP_REGISTER, org_id, str(exc), args)
             raise
@@ -244,14 +191,8 @@ class McpConnectors:
         config = McpServerConfig.model_validate(registration.config)
         # A per-principal server is listed with the credentials of whoever refreshes it.
         who = caller.id if config.per_principal else None
-
-        async def reveal(secret: str) -> str:
-            if self.secrets is None:
-                raise InvalidRequestError("this runtime has no secret store")
-            return await self.secrets.reveal(org_id, secret, connector=name)
-
         try:
-            credentials = await resolve_credentials(config, reveal, who)
+            credentials = await resolve_credentials(config, self._reveal(org_id, name), who)
             async with asyncio.timeout(self.list_timeout_s):
                 definitions = await self.client.list_tools(
                     connection_key(org_id, name, who), config, credentials
@@ -361,14 +302,8 @@ class McpConnectors:
             return None
         config = McpServerConfig.model_validate(registration.config)
         who = caller.id if config.per_principal else None
-
-        async def reveal(secret: str) -> str:
-            if self.secrets is None:
-                raise InvalidRequestError("this runtime has no secret store")
-            return await self.secrets.reveal(org_id, secret, connector=name)
-
         try:
-            credentials = await resolve_credentials(config, reveal, who)
+            credentials = await resolve_credentials(config, self._reveal(org_id, name), who)
             async with asyncio.timeout(self.list_timeout_s):
                 problem = await self.client.health(
                     connection_key(org_id, name, who), config, credentials
@@ -385,6 +320,16 @@ class McpConnectors:
         if await self.mcp.find(org_id, name) is None:
             return None
         return [mcp_tool_name(name, p.tool) for p in await self.mcp.pins(org_id, name)]
+
+    def _reveal(self, org_id: str, name: str) -> Callable[[str], Awaitable[str]]:
+        """Read a secret of the organisation as the connector ``name`` may."""
+
+        async def reveal(secret: str) -> str:
+            if self.secrets is None:
+                raise InvalidRequestError("this runtime has no secret store")
+            return await self.secrets.reveal(org_id, secret, connector=name)
+
+        return reveal
 
     async def _view(self, org_id: str, name: str) -> McpServerView:
         registration = await self.mcp.get(org_id, name)

@@ -54,7 +54,7 @@ from cortex_ray.observability import Tracing
 from cortex_ray.perceive import PromptComposer, ToolRetriever, WorkingMemoryAssembler
 from cortex_ray.runtime._admission import Admission
 from cortex_ray.runtime._agents import AgentUseCases
-from cortex_ray.runtime._connectors import McpConnectors, UrlGuard
+from cortex_ray.runtime._connectors import McpConnectors
 from cortex_ray.runtime._evals import EvalUseCases
 from cortex_ray.runtime._execution import Execution
 from cortex_ray.runtime._gate import AccessGate
@@ -62,6 +62,7 @@ from cortex_ray.runtime._governance import Governance
 from cortex_ray.runtime._graph import GraphUseCases
 from cortex_ray.runtime._keys import KeyUseCases
 from cortex_ray.runtime._knowledge import KnowledgeUseCases
+from cortex_ray.runtime._mcp_config import UrlGuard
 from cortex_ray.runtime._memory import MemoryUseCases
 from cortex_ray.runtime._runs import RunUseCases
 from cortex_ray.runtime._sessions import SessionUseCases
@@ -161,11 +162,9 @@ def wire(
     mcp_store = McpConnectorStore(db)
     client = mcp_client or NoMcpClient()
     overlay = McpToolOverlay(
-        mcp_store,
-        client,
-        call_timeout_s=mcp_call_timeout_s,
+        mcp_store, client, call_timeout_s=mcp_call_timeout_s,
         cache_s=settings.governance.grant_cache_s,
-    )
+    )  # fmt: skip
     registry.attach(overlay)
     dispatcher = ToolDispatcher(
         registry,

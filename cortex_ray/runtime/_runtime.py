@@ -28,13 +28,13 @@ from cortex_ray.memory import ImportanceScorer
 from cortex_ray.models import Embedder, ModelClient, Reranker
 from cortex_ray.observability import Tracing
 from cortex_ray.runtime._agents import AgentUseCases
-from cortex_ray.runtime._connectors import UrlGuard
 from cortex_ray.runtime._delegate import delegate
 from cortex_ray.runtime._evals import EvalUseCases
 from cortex_ray.runtime._execution import Execution
 from cortex_ray.runtime._graph import GraphUseCases
 from cortex_ray.runtime._keys import KeyUseCases
 from cortex_ray.runtime._knowledge import KnowledgeUseCases
+from cortex_ray.runtime._mcp_config import UrlGuard
 from cortex_ray.runtime._memory import MemoryUseCases
 from cortex_ray.runtime._open import Parts, open_parts
 from cortex_ray.runtime._runs import RunUseCases
