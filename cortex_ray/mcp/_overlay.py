@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jsonschema
 from pydantic import ValidationError
 
 from cortex_ray._exceptions import UnavailableError
@@ -73,9 +74,14 @@ def offered_definitions(
         if wanted is not None and pin.tool not in wanted:
             continue
         try:
-            found.append(McpToolDefinition.model_validate(pin.definition))
-        except ValidationError as exc:  # a row no longer readable: not offered, said so
-            log.warning("MCP tool %s of %s is unreadable: %s", pin.tool, pin.connector, exc)
+            definition = McpToolDefinition.model_validate(pin.definition)
+            # The gate validates every call's arguments against it: a schema that is not
+            # one would fail each call of the tool, so the tool is not offered at all.
+            jsonschema.Draft202012Validator.check_schema(definition.input_schema)
+        except (ValidationError, jsonschema.SchemaError) as exc:  # not offered, said so
+            log.warning("MCP tool %s of %s is unusable: %s", pin.tool, pin.connector, exc)
+            continue
+        found.append(definition)
     return found
 
 

@@ -135,3 +135,15 @@ async def test_only_the_enabled_subset_is_offered() -> None:
     overlay = McpToolOverlay(pins, ScriptedMcpClient())  # type: ignore[arg-type]
     await overlay.load("acme")
     assert sorted(overlay.tools("acme")) == ["crm__lookup"]
+
+
+async def test_a_definition_whose_schema_is_not_one_is_not_offered() -> None:
+    pins = Pins()
+    broken = McpToolDefinition(name="broken", input_schema={"type": "objekt"})
+    pins.pins = {
+        "lookup": _pin(LOOKUP, PinStatus.APPROVED, LOOKUP.digest()),
+        "broken": _pin(broken, PinStatus.APPROVED, broken.digest()),
+    }
+    overlay = McpToolOverlay(pins, ScriptedMcpClient())  # type: ignore[arg-type]
+    await overlay.load("acme")
+    assert sorted(overlay.tools("acme")) == ["crm__lookup"]
