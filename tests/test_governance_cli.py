@@ -391,3 +391,43 @@ async def test_workflow_ledger_and_acceptance_from_the_command_line(
     assert made_schedule.returncode == 0, made_schedule.stderr
     listed = cortex(env, "--org", org, "schedules", "list").stdout
     assert "workflow triage (latest)" in listed, listed
+
+
+def test_mcp_servers_from_the_command_line(env: dict[str, str]) -> None:
+    """``cortex-ray connectors mcp``: the local operator may register a stdio server (its
+    secret is not set, so its health says why nothing was listed); bad input is one line
+    naming what was wrong; the registration is listed, audited and removed."""
+    org = f"cli-{uuid.uuid4().hex[:8]}"
+
+    def run(*args: str, code: int = 0) -> str:
+        result = cortex(env, "--org", org, "connectors", "mcp", *args)
+        assert result.returncode == code, (args, result.stdout, result.stderr)
+        return result.stdout
+
+    assert_one_line_error(
+        cortex(env, "--org", org, "connectors", "mcp", "add", "x", "--url", "https://a/",
+               "--command", "b"),
+        2,
+        "either --url (HTTP) or --command (stdio)",
+    )  # fmt: skip
+    assert_one_line_error(
+        cortex(env, "--org", org, "connectors", "mcp", "add", "x", "--url",
+               "https://me:pw@mcp.example.com/"),
+        2,
+        "holds no credentials",
+    )  # fmt: skip
+    added = run("add", "local", "--command", "mcp-server-time", "--env", "TZ=tz_secret", code=1)
+    # Registered all the same; its health says why nothing was listed yet.
+    assert "MCP server local registered" in added and "no secret 'tz_secret'" in added, added
+    listed = run("list")
+    assert re.search(r"local\s+stdio\s+mcp-server-time\s+failing", listed), listed
+    assert_one_line_error(
+        cortex(env, "--org", org, "connectors", "mcp", "approve", "local", "nope"),
+        1,
+        "has no tool 'nope'",
+    )
+    assert "removed" in run("remove", "local")
+    assert "local" not in run("list")
+    audit = cortex(env, "--org", org, "audit").stdout
+    for label in ("connectors.mcp.register", "connectors.mcp.remove"):
+        assert label in audit

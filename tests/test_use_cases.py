@@ -33,6 +33,7 @@ from cortex_ray.access import UseCase
 from cortex_ray.evals import Cassette, EvalCase, EvalSuite, RecordedStep, SameDecisions
 from cortex_ray.governance import GrantRequest, RunLabel
 from cortex_ray.graph import Triple
+from cortex_ray.mcp import McpServerConfig, McpTransport
 from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import HashEmbedder
 from cortex_ray.storage import Database
@@ -224,6 +225,33 @@ REFUSALS: dict[UseCase, tuple[str, Call]] = {
         lambda r, w: r.governance.revoke_grant(w.org, uuid.uuid4(), principal=w.member),
     ),
     UseCase.AUDIT_READ: ("member", lambda r, w: r.governance.audit(w.org, principal=w.member)),
+    # MCP servers as connectors (issue 31): admins only
+    UseCase.MCP_LIST: ("member", lambda r, w: r.connectors.list_mcp(w.org, principal=w.member)),
+    UseCase.MCP_REGISTER: (
+        "member",
+        lambda r, w: r.connectors.register_mcp(
+            w.org,
+            "crm",
+            McpServerConfig(transport=McpTransport.HTTP, url="https://mcp.example.com/"),
+            principal=w.member,
+        ),
+    ),
+    UseCase.MCP_REFRESH: (
+        "member",
+        lambda r, w: r.connectors.refresh_mcp(w.org, "crm", principal=w.member),
+    ),
+    UseCase.MCP_APPROVE: (
+        "member",
+        lambda r, w: r.connectors.approve_mcp_tool(w.org, "crm", "x", principal=w.member),
+    ),
+    UseCase.MCP_CONFIGURE: (
+        "member",
+        lambda r, w: r.connectors.set_mcp_tier(w.org, "crm", "x", None, principal=w.member),
+    ),
+    UseCase.MCP_REMOVE: (
+        "member",
+        lambda r, w: r.connectors.remove_mcp(w.org, "crm", principal=w.member),
+    ),
     UseCase.APPROVALS_LIST: (
         "outsider",
         lambda r, w: r.governance.list_approvals(w.org, principal=w.outsider),

@@ -192,6 +192,14 @@ class UseCase(Enum):
     GRANTS_CREATE = ("grants.create", ActionType.GROUNDING, Tier.ADMIN, True)
     GRANTS_REVOKE = ("grants.revoke", ActionType.GROUNDING, Tier.ADMIN, True)
     AUDIT_READ = ("audit.read", ActionType.RETRIEVAL, Tier.ADMIN, False)
+    # MCP servers as connectors (issue 31): registering one (a stdio one only by the local
+    # operator), listing its tools and pinning them, approving a changed definition.
+    MCP_LIST = ("connectors.mcp.list", ActionType.RETRIEVAL, Tier.ADMIN, False)
+    MCP_REGISTER = ("connectors.mcp.register", ActionType.GROUNDING, Tier.ADMIN, True)
+    MCP_REFRESH = ("connectors.mcp.refresh", ActionType.GROUNDING, Tier.ADMIN, True)
+    MCP_APPROVE = ("connectors.mcp.approve", ActionType.GROUNDING, Tier.ADMIN, True)
+    MCP_CONFIGURE = ("connectors.mcp.configure", ActionType.GROUNDING, Tier.ADMIN, True)
+    MCP_REMOVE = ("connectors.mcp.remove", ActionType.GROUNDING, Tier.ADMIN, True)
     # A person's label of a shadow run (what the acceptance report counts).
     TASKS_LABEL = ("tasks.label", ActionType.GROUNDING, Tier.WRITE, True)
     # Approval requests of paused runs: members read them; an admin person decides.

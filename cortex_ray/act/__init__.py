@@ -2,7 +2,7 @@
 
 from cortex_ray.act._calls import Dispatch, InvocationContext
 from cortex_ray.act._dispatcher import ToolDispatcher, ToolHook
-from cortex_ray.act._registry import ActionClassifier, ToolRegistry
+from cortex_ray.act._registry import ActionClassifier, OrgToolSource, ToolRegistry
 from cortex_ray.act._tools import Tool, ToolContext, ToolHandler
 from cortex_ray.act.builtins import (
     BUILTIN_TOOL_NAMES,
@@ -19,6 +19,7 @@ __all__ = [
     "ActionClassifier",
     "Dispatch",
     "InvocationContext",
+    "OrgToolSource",
     "Tool",
     "ToolContext",
     "ToolDispatcher",

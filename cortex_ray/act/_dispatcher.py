@@ -141,6 +141,11 @@ class ToolDispatcher:
         # (building one per call cost more than validating the arguments).
         self._validators: dict[str, tuple[Any, jsonschema.Draft202012Validator]] = {}
 
+    async def load_tools(self, org_id: str) -> None:
+        """Bring the organisation's own tools (its MCP servers') up to date before
+        ``action_space`` reads them."""
+        await self.registry.load(org_id)
+
     def action_space(
         self, agent: Agent, caller: Principal | None, mode: AgentMode
     ) -> list[ToolSpec]:
@@ -151,7 +156,7 @@ class ToolDispatcher:
         """
         specs = []
         for name in self.access.action_names(agent, mode):
-            tool = self.registry.get(name)
+            tool = self.registry.get(name, agent.org_id)
             if tool is None:
                 continue
             action_type = self.registry.classifier.classify(tool)
@@ -175,7 +180,8 @@ class ToolDispatcher:
     ) -> Dispatch:
         """Run the gate; the caller persists ``Dispatch.audit`` (the cycle does so in the same
         transaction as the step's ledger and memory rows)."""
-        tool = self.registry.get(tool_name)
+        await self.registry.load(ctx.agent.org_id)
+        tool = self.registry.get(tool_name, ctx.agent.org_id)
         action_type = self.registry.classifier.classify(tool) if tool else ActionType.GROUNDING
         tier = self.registry.classifier.tier(tool) if tool else CapabilityTier.WRITE
         principal = self.access.principal_for(ctx.agent, ctx.caller, ctx.mode)
@@ -336,7 +342,7 @@ class ToolDispatcher:
             step_index=ctx.step_index,
             call_key=ctx.idempotency_key,
         )
-        tool = self.registry.get(action.tool)
+        tool = self.registry.get(action.tool, ctx.agent.org_id)
         tier = self.registry.classifier.tier(tool) if tool else CapabilityTier.WRITE
         return audit_row(
             ctx,

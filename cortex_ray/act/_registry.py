@@ -4,12 +4,13 @@ category and capability tier."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from cortex_ray._types import ActionType, CapabilityTier, ToolSpec
 from cortex_ray.act._tools import Tool
 from cortex_ray.act.builtins import builtin_declarations
 
-__all__ = ["ActionClassifier", "ToolRegistry"]
+__all__ = ["ActionClassifier", "OrgToolSource", "ToolRegistry"]
 
 
 class ActionClassifier:
@@ -69,13 +70,35 @@ class ActionClassifier:
         return CapabilityTier.WRITE
 
 
+class OrgToolSource(Protocol):
+    """Tools that exist in one organisation only (its registered MCP servers' approved
+    tools): a view kept in memory, reloaded by ``load`` when it is stale."""
+
+    def tools(self, org_id: str) -> Mapping[str, Tool]:
+        """The organisation's tools as last loaded (empty before the first load)."""
+        ...
+
+    async def load(self, org_id: str) -> None:
+        """Reload the organisation's tools if what this process holds may be stale."""
+        ...
+
+
 class ToolRegistry:
-    """The tools this runtime knows, by name."""
+    """The tools this runtime knows, by name: the process-wide ones (built-ins, code
+    connectors' tools), and with ``org_id`` an organisation's own from the attached
+    ``OrgToolSource`` (a process-wide name wins; an organisation's tool names carry their
+    connector's, ``<connector>__<tool>``). Callers that hold an organisation ``load`` it
+    before they read (the gate, the assembler, the use cases)."""
 
     def __init__(
-        self, tools: Iterable[Tool] = (), classifier: ActionClassifier | None = None
+        self,
+        tools: Iterable[Tool] = (),
+        classifier: ActionClassifier | None = None,
+        *,
+        org_tools: OrgToolSource | None = None,
     ) -> None:
         self.classifier = classifier or ActionClassifier()
+        self.org_tools = org_tools
         self._tools: dict[str, Tool] = {}
         # Every cycle lists the agent's tools: one ToolSpec per tool, built once (valid while
         # the same Tool and classifier are in place; ToolSpec is frozen).
@@ -88,13 +111,28 @@ class ToolRegistry:
             raise ValueError(f"tool names must be identifiers: {tool.name!r}")
         self._tools[tool.name] = tool
 
-    def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
+    def attach(self, source: OrgToolSource) -> None:
+        """Consult ``source`` for organisations' own tools (the composition root does)."""
+        self.org_tools = source
 
-    def names(self) -> list[str]:
-        return sorted(self._tools)
+    async def load(self, org_id: str) -> None:
+        """Bring the organisation's own tools up to date (see ``OrgToolSource.load``)."""
+        if self.org_tools is not None:
+            await self.org_tools.load(org_id)
+
+    def get(self, name: str, org_id: str | None = None) -> Tool | None:
+        tool = self._tools.get(name)
+        if tool is None and org_id is not None and self.org_tools is not None:
+            tool = self.org_tools.tools(org_id).get(name)
+        return tool
+
+    def names(self, org_id: str | None = None) -> list[str]:
+        if org_id is None or self.org_tools is None:
+            return sorted(self._tools)
+        return sorted({*self._tools, *self.org_tools.tools(org_id)})
 
     def spec(self, tool: Tool) -> ToolSpec:
+        # Keyed by name; two organisations' tools of one name are told apart by identity.
         cached = self._specs.get(tool.name)
         if cached is not None and cached[0] is tool and cached[1] is self.classifier:
             return cached[2]

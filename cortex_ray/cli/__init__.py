@@ -35,6 +35,7 @@ from cortex_ray.cli._evals import eval_app
 from cortex_ray.cli._graph import graph_app
 from cortex_ray.cli._keys import keys_app
 from cortex_ray.cli._knowledge import ingest_command, sources_app
+from cortex_ray.cli._mcp import mcp_app
 from cortex_ray.cli._memory import proposals_app
 from cortex_ray.cli._run import demo, run_command
 from cortex_ray.cli._runs import diagnose_command, runs_app, trace_command
@@ -86,6 +87,7 @@ app.add_typer(graph_app, name="graph")
 app.add_typer(sources_app, name="sources")
 app.add_typer(deploy_app, name="deploy")
 app.add_typer(connectors_app, name="connectors")
+connectors_app.add_typer(mcp_app, name="mcp")
 app.add_typer(grants_app, name="grants")
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(secrets_app, name="secrets")

@@ -68,7 +68,7 @@ class _Intent:
         """Whether the step's call has side effects (its intent was recorded)."""
 
     async def record(self, action: AgentAction) -> None:
-        tool = self._registry.get(action.tool)
+        tool = self._registry.get(action.tool, self._run.org_id)
         self.side_effects = tool is not None and not tool.idempotent
         if self.side_effects:
             # Fenced: a driver that lost the run neither acts nor leaves an intent.

@@ -93,7 +93,7 @@ class SharedStep:
             registry = self._registry
 
             def allowed(spec: ToolSpec) -> bool:
-                tool = registry.get(spec.name)
+                tool = registry.get(spec.name, ctx.agent.org_id)
                 return workflow.allows(spec.name, None if tool is None else tool.connector)
 
         wm = await self._assembler.assemble(  # PERCEIVE

@@ -12,7 +12,17 @@ from cortex_ray.governance._ledger import (
     ledger_page,
     parse_cursor,
 )
+from cortex_ray.governance._mcp import McpConnectorStore
 from cortex_ray.governance._patterns import InputLimits
+from cortex_ray.governance._pins import (
+    MCP_KIND,
+    McpRegistration,
+    PinChange,
+    PinnedTool,
+    PinStatus,
+    is_mcp_instance,
+    pin_listing,
+)
 from cortex_ray.governance._policy import (
     REDACTED,
     ConnectorPolicy,
@@ -73,6 +83,7 @@ from cortex_ray.governance._workflows import (
 __all__ = [
     "CONNECTOR_ENTRY_POINTS",
     "DEFAULT_MAX_SECONDS",
+    "MCP_KIND",
     "NAME_PATTERN",
     "REDACTED",
     "Approval",
@@ -90,6 +101,11 @@ __all__ = [
     "InputLimits",
     "LedgerEvent",
     "LedgerKey",
+    "McpConnectorStore",
+    "McpRegistration",
+    "PinChange",
+    "PinStatus",
+    "PinnedTool",
     "ReportedCall",
     "RequiredEvidence",
     "RiskLevel",
@@ -116,11 +132,13 @@ __all__ = [
     "check_inputs",
     "discover_connectors",
     "evidence_of",
+    "is_mcp_instance",
     "is_sha256",
     "ledger_page",
     "load_previous_keys",
     "load_secret_key",
     "parse_cursor",
+    "pin_listing",
     "redact",
     "redact_values",
     "run_mode_for",

@@ -28,6 +28,7 @@ from cortex_ray.governance._patterns import (
     check_patterns,
     pattern_budget,
 )
+from cortex_ray.governance._pins import is_mcp_instance
 from cortex_ray.governance._store import GovernanceStore
 from cortex_ray.governance._types import (
     APPROVAL_RANK,
@@ -205,9 +206,10 @@ class ConnectorPolicy:
     ) -> Verdict:
         """Decide one call (see the module docstring)."""
         definition = self.connectors.get(connector)
-        if definition is None:
-            return Verdict("deny", f"connector {connector!r} is not registered")
         instance, grants = await self._for_call(org_id, connector, principal_ids)
+        if definition is None and (instance is None or not is_mcp_instance(instance)):
+            # A code connector is registered here; an MCP server's registration is its row.
+            return Verdict("deny", f"connector {connector!r} is not registered")
         if instance is None:
             return Verdict("deny", f"connector {connector!r} is not installed in this organisation")
         if not instance.enabled:
@@ -236,7 +238,10 @@ class ConnectorPolicy:
                 approval = best.approval
         fields = frozenset(
             f.lower()
-            for f in (*definition.sensitive_fields, *instance.config.get("redact_fields", ()))
+            for f in (
+                *(definition.sensitive_fields if definition is not None else ()),
+                *instance.config.get("redact_fields", ()),
+            )
             if isinstance(f, str)
         )
         needs = approval is ApprovalPolicy.ALWAYS or (

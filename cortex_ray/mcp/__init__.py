@@ -5,6 +5,16 @@ speak; the client that talks to servers implements :class:`McpClient` with the o
 ``mcp`` SDK."""
 
 from cortex_ray.mcp._client import SdkMcpClient
+from cortex_ray.mcp._overlay import McpToolOverlay, NoMcpClient, offered_definitions
+from cortex_ray.mcp._tools import (
+    DEFAULT_CALL_TIMEOUT_S,
+    McpToolError,
+    connection_key,
+    mcp_tools,
+    principal_secret_name,
+    render_result,
+    resolve_credentials,
+)
 from cortex_ray.mcp._types import (
     ElicitHook,
     McpCallResult,
@@ -24,6 +34,7 @@ from cortex_ray.mcp._types import (
 from cortex_ray.mcp._urls import check_mcp_url
 
 __all__ = [
+    "DEFAULT_CALL_TIMEOUT_S",
     "ElicitHook",
     "McpCallResult",
     "McpClient",
@@ -35,9 +46,18 @@ __all__ = [
     "McpServerConfig",
     "McpToolAnnotations",
     "McpToolDefinition",
+    "McpToolError",
+    "McpToolOverlay",
     "McpTransport",
+    "NoMcpClient",
     "ProgressHook",
     "SdkMcpClient",
     "check_mcp_url",
+    "connection_key",
     "mcp_tool_name",
+    "mcp_tools",
+    "offered_definitions",
+    "principal_secret_name",
+    "render_result",
+    "resolve_credentials",
 ]

@@ -82,6 +82,7 @@ class WorkingMemoryAssembler:
                 k=self.recall_k,
                 exclude_run=run_id,
             )
+            await self.dispatcher.load_tools(agent.org_id)
             held: tuple[ToolSpec, ...] = tuple(
                 spec
                 for spec in self.dispatcher.action_space(agent, caller, mode)

@@ -62,7 +62,7 @@ class AgentUseCases:
         caller = await self.gate.authorize(principal, UseCase.AGENTS_CREATE, org_id, args=args)
         name = check_name("agent", name.strip())  # addressable in a path as it is
         tool_names = tuple(tools) if tools is not None else BUILTIN_TOOL_NAMES
-        self._check_tools(tool_names)
+        await self._check_tools(org_id, tool_names)
         try:
             agent = Agent(
                 org_id=org_id,
@@ -97,7 +97,7 @@ class AgentUseCases:
         )
         update: dict[str, Any] = {}
         if "tools" in given and changes.tools is not None:
-            self._check_tools(changes.tools)
+            await self._check_tools(org_id, changes.tools)
             update["tools"] = tuple(changes.tools)
         if "persona" in given and changes.persona is not None:
             update["persona"] = changes.persona
@@ -113,7 +113,10 @@ class AgentUseCases:
         await self.gate.audited(caller, UseCase.AGENTS_UPDATE, org_id, agent=changed, args=args)
         return changed
 
-    def _check_tools(self, names: Iterable[str]) -> None:
-        unknown = [t for t in names if self.registry.get(t) is None]
+    async def _check_tools(self, org_id: str, names: Iterable[str]) -> None:
+        """Every name a tool here: of this runtime, or the organisation's own (an approved
+        tool of one of its MCP servers: an agent may hold any subset of a server's tools)."""
+        await self.registry.load(org_id)
+        unknown = [t for t in names if self.registry.get(t, org_id) is None]
         if unknown:
             raise InvalidRequestError(f"unknown tools: {', '.join(unknown)}")

@@ -7,7 +7,7 @@ secrets) is ``cortex_ray.governance``'s."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -28,6 +28,7 @@ from cortex_ray.governance import (
     SecretInfo,
     SecretStore,
     check_constraints,
+    is_mcp_instance,
 )
 from cortex_ray.observability import scrub
 from cortex_ray.runtime._delegate import delegate
@@ -57,8 +58,15 @@ class Governance:
         excludes_requester: bool = False,
         secrets: SecretStore | None = None,
         input_limits: InputLimits | None = None,
+        mcp_tools_of: Callable[[str, str], Awaitable[list[str] | None]] | None = None,
+        mcp_health: Callable[[str, Principal, str], Awaitable[str | None]] | None = None,
     ) -> None:
+        self._mcp_health = mcp_health
+        """Probe an organisation's registered MCP server (``None``: no such server)."""
         self.gate = gate
+        self._mcp_tools_of = mcp_tools_of
+        """The tool names of an organisation's registered MCP server (``None``: no such
+        server): its connector is defined by its registration, not in code."""
         self.excludes_requester = excludes_requester
         self.secrets = secrets
         self.input_limits = input_limits or InputLimits()
@@ -93,16 +101,33 @@ class Governance:
             raise NotFoundError(f"no connector {name!r} is registered")
         return connector
 
+    async def _connector_tools(self, org_id: str, name: str) -> list[str]:
+        """The tools of a connector in code, or of a registered MCP server of the
+        organisation (``NotFoundError`` when neither)."""
+        if name not in self.policy.connectors and self._mcp_tools_of is not None:
+            found = await self._mcp_tools_of(org_id, name)
+            if found is not None:
+                return found
+        self._definition(name)
+        return list(self._tools_of(name))
+
     async def list_connectors(
         self, org_id: str, *, principal: Principal | None = None
     ) -> list[ConnectorView]:
         """Every registered connector with its tools and this organisation's instance."""
         await self.gate.authorize(principal, UseCase.CONNECTORS_LIST, org_id)
         installed = {i.connector: i for i in await self.gov.instances(org_id)}
-        return [
+        views = [
             ConnectorView(c, tuple(self._tools_of(name)), installed.get(name))
             for name, c in sorted(self.policy.connectors.items())
         ]
+        for name, instance in sorted(installed.items()):
+            if name in self.policy.connectors or not is_mcp_instance(instance):
+                continue
+            tools = await self._mcp_tools_of(org_id, name) if self._mcp_tools_of else None
+            if tools is not None:  # a registered MCP server (a removed one is not listed)
+                views.append(ConnectorView(Connector(name, "MCP server"), tuple(tools), instance))
+        return views
 
     async def install_connector(
         self,
@@ -147,9 +172,14 @@ class Governance:
         answer (``ok``, or why not; ``unknown`` without a probe)."""
         args = {"connector": name}
         caller = await self.gate.authorize(principal, UseCase.CONNECTORS_CHECK, org_id, args=args)
-        definition = self._definition(name)
+        mcp = None
+        if name not in self.policy.connectors and self._mcp_health is not None:
+            mcp = await self._mcp_health(org_id, caller, name)
+        definition = self._definition(name) if mcp is None else None
         instance = await self.gov.instance(org_id, name)
-        if definition.health is None:
+        if mcp is not None:
+            health = mcp
+        elif definition is None or definition.health is None:
             health = "unknown"
         else:
             try:
@@ -176,8 +206,7 @@ class Governance:
         """
         args = request.model_dump(mode="json")
         caller = await self.gate.authorize(principal, UseCase.GRANTS_CREATE, org_id, args=args)
-        self._definition(request.connector)
-        mine = set(self._tools_of(request.connector))
+        mine = set(await self._connector_tools(org_id, request.connector))
         strangers = sorted(set(request.tools) - mine)
         if strangers:
             raise InvalidRequestError(
@@ -264,7 +293,7 @@ class Governance:
         args = {"name": name, "connector": connector}
         caller = await self.gate.authorize(principal, UseCase.SECRETS_PUT, org_id, args=args)
         if connector is not None:
-            self._definition(connector)
+            await self._connector_tools(org_id, connector)
         await self.store.ensure_org(org_id)
         info = await self._secret_store().put(
             org_id, name, value, connector=connector, by=caller.id

@@ -34,11 +34,13 @@ from cortex_ray.governance import (
     ConnectorPolicy,
     GovernanceStore,
     InputLimits,
+    McpConnectorStore,
     SecretStore,
     discover_connectors,
 )
 from cortex_ray.knowledge import KnowledgeService, knowledge_search_tool
 from cortex_ray.learn import Learner
+from cortex_ray.mcp import DEFAULT_CALL_TIMEOUT_S, McpClient, McpToolOverlay, NoMcpClient
 from cortex_ray.memory import EMBEDDING_DIM, ImportanceScorer, MemoryService, importance_scorer_for
 from cortex_ray.models import (
     CrossEncoderReranker,
@@ -52,6 +54,7 @@ from cortex_ray.observability import Tracing
 from cortex_ray.perceive import PromptComposer, ToolRetriever, WorkingMemoryAssembler
 from cortex_ray.runtime._admission import Admission
 from cortex_ray.runtime._agents import AgentUseCases
+from cortex_ray.runtime._connectors import McpConnectors
 from cortex_ray.runtime._evals import EvalUseCases
 from cortex_ray.runtime._execution import Execution
 from cortex_ray.runtime._gate import AccessGate
@@ -59,6 +62,7 @@ from cortex_ray.runtime._governance import Governance
 from cortex_ray.runtime._graph import GraphUseCases
 from cortex_ray.runtime._keys import KeyUseCases
 from cortex_ray.runtime._knowledge import KnowledgeUseCases
+from cortex_ray.runtime._mcp_config import UrlGuard
 from cortex_ray.runtime._memory import MemoryUseCases
 from cortex_ray.runtime._runs import RunUseCases
 from cortex_ray.runtime._sessions import SessionUseCases
@@ -110,6 +114,8 @@ class Parts:
     eval_cases: EvalUseCases
     keys: KeyUseCases
     execution: Execution
+    connectors: McpConnectors
+    mcp_client: McpClient
     owns_model: bool = False
     owns_db: bool = False
 
@@ -126,9 +132,13 @@ def wire(
     knowledge: KnowledgeService | None = None,
     critic_model: ModelClient | None = None,
     connectors: Iterable[Connector] = (),
+    mcp_client: McpClient | None = None,
+    mcp_url_guard: UrlGuard | None = None,
+    mcp_call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
 ) -> Parts:
     """Everything the decision cycle and the use cases need, built once on the database,
-    the memory and the models given."""
+    the memory and the models given. ``mcp_client`` speaks to the organisations' MCP
+    servers (none: their tools fail, clearly); ``mcp_url_guard`` checks a server's URL."""
     store = Store(db)
     turns = TurnStore(db)
     access = AccessControlService()
@@ -147,6 +157,15 @@ def wire(
         pattern_budget_s=settings.governance.schema_pattern_budget_s,
     )
     secrets = SecretStore(db, settings.governance, settings.storage.data_dir)
+    # Each organisation's MCP servers' approved tools, an overlay the registry consults by
+    # organisation (reloaded like grants: settings.governance.grant_cache_s).
+    mcp_store = McpConnectorStore(db)
+    client = mcp_client or NoMcpClient()
+    overlay = McpToolOverlay(
+        mcp_store, client, call_timeout_s=mcp_call_timeout_s,
+        cache_s=settings.governance.grant_cache_s,
+    )  # fmt: skip
+    registry.attach(overlay)
     dispatcher = ToolDispatcher(
         registry,
         access,
@@ -198,16 +217,27 @@ def wire(
         deadline_s=min(settings.sessions.turn_deadline_s, settings.runs.step_deadline_s),
     )  # fmt: skip
     runs = RunUseCases(gate, store, cycle, settings, traces, driver_id, admission)
+    mcp_connectors = McpConnectors(
+        gate=gate, store=store, mcp=mcp_store, governance=connector_policy.store,
+        policy=connector_policy, overlay=overlay, client=client, secrets=secrets,
+        url_guard=mcp_url_guard, list_timeout_s=mcp_call_timeout_s,
+    )  # fmt: skip
 
     def tools_of(connector: str) -> list[str]:
         """The names of the registered tools that belong to ``connector``."""
         found = (registry.get(name) for name in registry.names())
         return [t.name for t in found if t is not None and t.connector == connector]
 
-    def tool_connector(name: str) -> tuple[bool, str | None]:
-        """Whether a tool is registered, and its connector."""
-        tool = registry.get(name)
+    async def tool_connector(org_id: str, name: str) -> tuple[bool, str | None]:
+        """Whether a tool is registered (or is the organisation's own), and its connector."""
+        await registry.load(org_id)
+        tool = registry.get(name, org_id)
         return tool is not None, None if tool is None else tool.connector
+
+    async def connectors_of(org_id: str) -> list[str]:
+        """The connectors in code and the organisation's registered MCP servers."""
+        mine = [r.name for r in await mcp_store.registrations(org_id)]
+        return [*connector_policy.connectors, *mine]
 
     return Parts(
         settings=settings, db=db, store=store, turns=turns, evals=evals, memory=memory,
@@ -220,11 +250,12 @@ def wire(
             gate=gate, store=store, governance=connector_policy.store, policy=connector_policy,
             tools_of=tools_of, excludes_requester=settings.governance.approval_excludes_requester,
             secrets=secrets, input_limits=input_limits,
+            mcp_tools_of=mcp_connectors.tool_names, mcp_health=mcp_connectors.health_of,
         ),
         workflows=Workflows(
             gate=gate, store=store, governance=connector_policy.store,
             tool_connector=tool_connector,
-            connectors=lambda: connector_policy.connectors.keys(),
+            connectors=connectors_of,
             start=runs.start, input_limits=input_limits,
         ),
         agents=AgentUseCases(gate, store, registry),
@@ -240,6 +271,8 @@ def wire(
             cycle=cycle, store=store, turns=turns, learner=learner, model=model,
             settings=settings, driver_id=driver_id,
         ),
+        connectors=mcp_connectors,
+        mcp_client=client,
     )  # fmt: skip
 
 
@@ -255,6 +288,8 @@ async def open_parts(
     reranker: Reranker | None = None,
     critic_model: ModelClient | None = None,
     connectors: Iterable[Connector] | None = None,
+    mcp_client: McpClient | None = None,
+    mcp_url_guard: UrlGuard | None = None,
 ) -> Parts:
     """Start or reach the database, open the models the settings name, and ``wire`` the
     rest (see ``Runtime.open``); what this call opened is closed again if a later step
@@ -324,6 +359,8 @@ async def open_parts(
             knowledge=knowledge,
             critic_model=critic_model,
             connectors=connectors,
+            mcp_client=mcp_client,
+            mcp_url_guard=mcp_url_guard,
         )
         # Close only what this call opened; a caller's model or database is theirs.
         wired.owns_model = opens_chat

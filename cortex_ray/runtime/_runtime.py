@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from cortex_ray._exceptions import UnavailableError
 from cortex_ray.act import Tool, ToolHook
 from cortex_ray.governance import Connector
+from cortex_ray.mcp import McpClient
 from cortex_ray.memory import ImportanceScorer
 from cortex_ray.models import Embedder, ModelClient, Reranker
 from cortex_ray.observability import Tracing
@@ -33,6 +34,7 @@ from cortex_ray.runtime._execution import Execution
 from cortex_ray.runtime._graph import GraphUseCases
 from cortex_ray.runtime._keys import KeyUseCases
 from cortex_ray.runtime._knowledge import KnowledgeUseCases
+from cortex_ray.runtime._mcp_config import UrlGuard
 from cortex_ray.runtime._memory import MemoryUseCases
 from cortex_ray.runtime._open import Parts, open_parts
 from cortex_ray.runtime._runs import RunUseCases
@@ -75,6 +77,9 @@ class Runtime:
         """Connectors, grants, the audit log, approvals, schedules, secrets: use cases."""
         self.workflows = parts.workflows
         """Workflow definitions, immutable versions, runs and their ledgers: use cases."""
+        self.connectors = parts.connectors
+        """MCP servers as connectors: register, refresh and pin, approve, tiers: use cases."""
+        self.mcp_client = parts.mcp_client
         self.composer = parts.composer
         self.assembler = parts.assembler
         self.autonomous = parts.autonomous
@@ -112,6 +117,8 @@ class Runtime:
         reranker: Reranker | None = None,
         critic_model: ModelClient | None = None,
         connectors: Iterable[Connector] | None = None,
+        mcp_client: McpClient | None = None,
+        mcp_url_guard: UrlGuard | None = None,
     ) -> Runtime:
         """Start or reach the database, open the models the settings name, and wire the cycle.
 
@@ -124,12 +131,14 @@ class Runtime:
         so. ``critic_model`` reviews the answers
         of agents with ``critic`` on (default: their own model, a same-lineage review).
         ``connectors`` (with their tools in ``tools``) default to those installed packages
-        offer (``cortex_ray.governance.discover_connectors``).
+        offer (``cortex_ray.governance.discover_connectors``). ``mcp_client`` speaks to the
+        MCP servers organisations register (``runtime.connectors``); ``mcp_url_guard``
+        checks their URLs. The caller closes the client.
         """
         parts = await open_parts(
             settings, model=model, embedder=embedder, importance=importance, tools=tools,
             hooks=hooks, db=db, reranker=reranker, critic_model=critic_model,
-            connectors=connectors,
+            connectors=connectors, mcp_client=mcp_client, mcp_url_guard=mcp_url_guard,
         )  # fmt: skip
         return cls(parts)
 

@@ -41,9 +41,12 @@ class ToolUseCases:
         that agent: the agent's grant ∩ the caller's grant."""
         if agent_ref is None:
             await self.gate.authorize(principal, UseCase.TOOLS_LIST, org_id)
-            tools = (self.registry.get(name) for name in self.registry.names())
+            await self.registry.load(org_id)
+            names = self.registry.names(org_id)
+            tools = (self.registry.get(name, org_id) for name in names)
             return [self.registry.spec(tool) for tool in tools if tool is not None]
         caller, agent = await self.gate.agent_for(principal, UseCase.TOOLS_LIST, org_id, agent_ref)
+        await self.dispatcher.load_tools(org_id)
         return self.dispatcher.action_space(agent, caller, AgentMode.INTERACTIVE)
 
     async def invoke_tool(
@@ -78,7 +81,8 @@ class ToolUseCases:
             and idempotency_key.isprintable()
         ):
             raise InvalidRequestError("an idempotency key is 1 to 200 printable ASCII characters")
-        if self.registry.get(tool) is None:
+        await self.registry.load(org_id)
+        if self.registry.get(tool, org_id) is None:
             raise NotFoundError(f"unknown tool {tool!r}")
         agent = await self.store.get_agent(org_id, agent_ref)
         key = (

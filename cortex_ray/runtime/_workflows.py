@@ -47,8 +47,8 @@ class Workflows:
         gate: UseCaseGate,
         store: Store,
         governance: GovernanceStore,
-        tool_connector: Callable[[str], tuple[bool, str | None]],
-        connectors: Callable[[], Iterable[str]],
+        tool_connector: Callable[[str, str], Awaitable[tuple[bool, str | None]]],
+        connectors: Callable[[str], Awaitable[Iterable[str]]],
         start: Callable[[RunRequest], Awaitable[TaskRun]],
         input_limits: InputLimits | None = None,
     ) -> None:
@@ -112,12 +112,17 @@ class Workflows:
         await self.gate.authorize(principal, UseCase.WORKFLOWS_LIST, org_id)
         return await self.workflows.version(org_id, name, version)
 
-    def _check_spec(self, spec: WorkflowVersionSpec) -> None:
+    async def _check_spec(self, org_id: str, spec: WorkflowVersionSpec) -> None:
+        """The spec's tools and connectors exist for the organisation (its MCP servers'
+        included); its schema and approval tools are sound."""
         check_input_schema(spec.input_schema, self.input_limits)
-        unknown = [t for t in spec.tools if not self._tool_connector(t)[0]]
+        found = {
+            t: await self._tool_connector(org_id, t) for t in {*spec.tools, *spec.approval_tools}
+        }
+        unknown = [t for t in spec.tools if not found[t][0]]
         if unknown:
             raise InvalidRequestError(f"tools: unknown tools: {', '.join(sorted(unknown))}")
-        registered = set(self._connectors())
+        registered = set(await self._connectors(org_id))
         strangers = sorted(set(spec.connectors) - registered)
         if strangers:
             raise InvalidRequestError(
@@ -126,7 +131,7 @@ class Workflows:
         ungated = [
             t
             for t in spec.approval_tools
-            if t not in spec.tools and self._tool_connector(t)[1] not in spec.connectors
+            if t not in spec.tools and found[t][1] not in spec.connectors
         ]
         if ungated:
             raise InvalidRequestError(
@@ -160,7 +165,7 @@ class Workflows:
         args = {"workflow": name, "version": version}
         caller = await self.gate.authorize(principal, UseCase.WORKFLOWS_DEFINE, org_id, args=args)
         workflow = await self.workflows.get(org_id, name)
-        self._check_spec(spec)
+        await self._check_spec(org_id, spec)
         published, made = await self.workflows.publish(workflow, spec, caller.id, version)
         if made:
             args["version"] = published.version

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from fastapi import APIRouter
 
 from serve.routes.agents import agents_router
+from serve.routes.connectors import connectors_router
 from serve.routes.evals import evals_router
 from serve.routes.governance import governance_router
 from serve.routes.graph import graph_router
@@ -27,6 +28,7 @@ from serve.routes.workflows import workflows_router
 __all__ = [
     "ROUTERS",
     "agents_router",
+    "connectors_router",
     "evals_router",
     "governance_router",
     "graph_router",
@@ -51,6 +53,7 @@ ROUTERS: tuple[Callable[[], APIRouter], ...] = (
     tools_router,
     evals_router,
     governance_router,
+    connectors_router,
     graph_router,
     workflows_router,
 )

@@ -10,13 +10,25 @@ implements ``PrincipalStore``, ``AgentStore``, ``RunStore``, ``SessionStore``,
 exceptions for the same mistakes (``NotFoundError``, ``InvalidRequestError``, and psycopg's
 ``ForeignKeyViolation`` where the schema refuses a row that names a missing agent or
 session), API keys kept as SHA-256 hashes.
+``ScriptedMcpClient`` is an ``McpClient`` whose servers are scripted in memory.
 ``NoDriver`` stands for the cycle where a run use case is tested without driving a run.
 ``tests/test_store_contract.py`` runs one set of tests against both, so they cannot drift.
 """
 
 from fakes._driver import NoDriver
+from fakes._mcp import McpCall, ScriptedMcpClient, ScriptedServer, text_result
 from fakes._store import FakeStore
 from fakes._tables import AUDIT_COLUMNS
 from fakes._uow import FakeDatabase, FakeTransaction
 
-__all__ = ["AUDIT_COLUMNS", "FakeDatabase", "FakeStore", "FakeTransaction", "NoDriver"]
+__all__ = [
+    "AUDIT_COLUMNS",
+    "FakeDatabase",
+    "FakeStore",
+    "FakeTransaction",
+    "McpCall",
+    "NoDriver",
+    "ScriptedMcpClient",
+    "ScriptedServer",
+    "text_result",
+]
