@@ -17,6 +17,7 @@ from actors._exceptions import SessionBusyError, SessionError, SessionUnavailabl
 from actors._factory import RuntimeFactory, ServedModels, open_runtime
 from actors._local import announce_local_ray, local_ray_address
 from actors._manager import SessionManager
+from actors._mcp import McpConnections, RayMcpClient, close_connections
 from actors._metrics import RayMetrics, install_ray_metrics
 from actors._naming import DIRECTORY_NAME, NAMESPACE, ActorKey
 from actors._session import AgentSession
@@ -27,6 +28,8 @@ __all__ = [
     "NAMESPACE",
     "ActorKey",
     "AgentSession",
+    "McpConnections",
+    "RayMcpClient",
     "RayMetrics",
     "RuntimeFactory",
     "ServedModels",
@@ -37,6 +40,7 @@ __all__ = [
     "SessionPolicy",
     "SessionUnavailableError",
     "announce_local_ray",
+    "close_connections",
     "install_ray_metrics",
     "local_ray_address",
     "open_runtime",

@@ -20,8 +20,12 @@ async def open_runtime(settings: Settings) -> Runtime:
     model or embedder (``CORTEX_MODEL_BACKEND=served``, ``CORTEX_EMBEDDING_BACKEND=served``;
     what ``python -m serve`` and the demo set) is opened by the core's backend registry,
     which finds the Ray layer's ``served`` backend through its entry point: the actor loads
-    no model weights of its own, and this package imports nothing of ``serve``."""
-    return await Runtime.open(settings)
+    no model weights of its own, and this package imports nothing of ``serve``. Its MCP
+    calls go to the cluster's one connection actor per organisation and server
+    (``RayMcpClient``), never to a connection of its own."""
+    from actors._mcp import RayMcpClient
+
+    return await Runtime.open(settings, mcp_client=RayMcpClient(settings))
 
 
 @dataclass(frozen=True)

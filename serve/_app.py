@@ -71,8 +71,14 @@ async def _open_runtime(source: Runtime | Settings | RuntimeFactory | None) -> R
     if isinstance(source, Runtime):
         return source
     if source is None or isinstance(source, Settings):
-        # The backend registry opens a ``served`` model through its entry point.
-        return await Runtime.open(source or load_settings())
+        # The backend registry opens a ``served`` model through its entry point. With session
+        # actors, MCP servers are reached through their connection actors, as from the actors.
+        settings = source or load_settings()
+        if settings.sessions.executor == "actors":
+            from actors import RayMcpClient
+
+            return await Runtime.open(settings, mcp_client=RayMcpClient(settings))
+        return await Runtime.open(settings)
     return await source()
 
 

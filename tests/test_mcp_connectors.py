@@ -41,7 +41,9 @@ from cortex_ray.memory import HeuristicImportanceScorer
 from cortex_ray.models import ChatRequest, HashEmbedder, ScriptedModelClient
 from cortex_ray.storage import Database
 
-URL = "https://crm.example.com/mcp"
+# the runtime's URL guard resolves the host: a name that resolves here (no server needed,
+# the scripted client answers)
+URL = "http://localhost:8931/mcp"
 LOOKUP = McpToolDefinition(
     name="lookup",
     description="Look a customer up.",
@@ -137,6 +139,11 @@ async def test_an_mcp_server_as_a_governed_connector_over_http(
     # No credentials in a URL, no secret value where a secret's name goes.
     leaky = {"name": "crm", "server": {"transport": "http", "url": "https://u:pw@crm.example.com"}}
     _error(await http.post(f"{base}/connectors/mcp", json=leaky, headers=admin), 422)
+    # The URL guard (SSRF): a cloud metadata address is refused before any connection.
+    metadata = {"name": "crm", "server": {"transport": "http", "url": "http://169.254.169.254/x"}}
+    assert "169.254.169.254" in _error(
+        await http.post(f"{base}/connectors/mcp", json=metadata, headers=admin), 422
+    )
 
     # Registered before its secret exists: listed later, the health says why.
     created = _ok(await http.post(f"{base}/connectors/mcp", json=body, headers=admin), 201)

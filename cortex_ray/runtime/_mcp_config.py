@@ -5,14 +5,20 @@ only by name (see ``_connectors``)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from cortex_ray._exceptions import AccessDeniedError, InvalidRequestError
-from cortex_ray.mcp import McpServerConfig, McpTransport
+from cortex_ray.mcp import McpServerConfig, McpTransport, check_mcp_url
 from cortex_ray.observability import scrub_text
 
-__all__ = ["STDIO_REFUSED", "UrlGuard", "basic_url_guard", "check_config"]
+__all__ = [
+    "STDIO_REFUSED",
+    "UrlGuard",
+    "basic_url_guard",
+    "check_config",
+    "settings_url_guard",
+]
 
 UrlGuard = Callable[[str], None]
 """Refuses a server URL (``InvalidRequestError`` with the reason) or lets it pass."""
@@ -34,6 +40,19 @@ def basic_url_guard(url: str) -> None:
         raise InvalidRequestError(
             "an MCP server URL holds no credentials: name a secret in headers/bearer_secret"
         )
+
+
+def settings_url_guard(allowed_hosts: Sequence[str]) -> UrlGuard:
+    """The runtime's guard: ``check_mcp_url`` (http(s) only; link-local and cloud metadata
+    addresses refused, every resolved address checked) with the allowed hosts of
+    ``connectors.mcp_allowed_hosts``, after :func:`basic_url_guard`."""
+    allowed = tuple(allowed_hosts)
+
+    def guard(url: str) -> None:
+        basic_url_guard(url)
+        check_mcp_url(url, allowed)
+
+    return guard
 
 
 def check_config(config: McpServerConfig, local_operator: bool, url_guard: UrlGuard) -> None:

@@ -34,13 +34,12 @@ from cortex_ray.governance import (
     ConnectorPolicy,
     GovernanceStore,
     InputLimits,
-    McpConnectorStore,
     SecretStore,
     discover_connectors,
 )
 from cortex_ray.knowledge import KnowledgeService, knowledge_search_tool
 from cortex_ray.learn import Learner
-from cortex_ray.mcp import DEFAULT_CALL_TIMEOUT_S, McpClient, McpToolOverlay, NoMcpClient
+from cortex_ray.mcp import McpClient
 from cortex_ray.memory import EMBEDDING_DIM, ImportanceScorer, MemoryService, importance_scorer_for
 from cortex_ray.models import (
     CrossEncoderReranker,
@@ -63,6 +62,7 @@ from cortex_ray.runtime._graph import GraphUseCases
 from cortex_ray.runtime._keys import KeyUseCases
 from cortex_ray.runtime._knowledge import KnowledgeUseCases
 from cortex_ray.runtime._mcp_config import UrlGuard
+from cortex_ray.runtime._mcp_wiring import wire_mcp
 from cortex_ray.runtime._memory import MemoryUseCases
 from cortex_ray.runtime._runs import RunUseCases
 from cortex_ray.runtime._sessions import SessionUseCases
@@ -118,6 +118,7 @@ class Parts:
     mcp_client: McpClient
     owns_model: bool = False
     owns_db: bool = False
+    owns_mcp_client: bool = False
 
 
 def wire(
@@ -134,11 +135,11 @@ def wire(
     connectors: Iterable[Connector] = (),
     mcp_client: McpClient | None = None,
     mcp_url_guard: UrlGuard | None = None,
-    mcp_call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
 ) -> Parts:
     """Everything the decision cycle and the use cases need, built once on the database,
-    the memory and the models given. ``mcp_client`` speaks to the organisations' MCP
-    servers (none: their tools fail, clearly); ``mcp_url_guard`` checks a server's URL."""
+    the memory and the models given. ``mcp_client``: none is an ``SdkMcpClient`` of this
+    process (the Ray layer gives one actor per organisation and server); ``mcp_url_guard``:
+    none is ``check_mcp_url`` with ``connectors.mcp_allowed_hosts``."""
     store = Store(db)
     turns = TurnStore(db)
     access = AccessControlService()
@@ -157,15 +158,8 @@ def wire(
         pattern_budget_s=settings.governance.schema_pattern_budget_s,
     )
     secrets = SecretStore(db, settings.governance, settings.storage.data_dir)
-    # Each organisation's MCP servers' approved tools, an overlay the registry consults by
-    # organisation (reloaded like grants: settings.governance.grant_cache_s).
-    mcp_store = McpConnectorStore(db)
-    client = mcp_client or NoMcpClient()
-    overlay = McpToolOverlay(
-        mcp_store, client, call_timeout_s=mcp_call_timeout_s,
-        cache_s=settings.governance.grant_cache_s,
-    )  # fmt: skip
-    registry.attach(overlay)
+    mcp = wire_mcp(db, settings, mcp_client, mcp_url_guard)
+    registry.attach(mcp.overlay)
     dispatcher = ToolDispatcher(
         registry,
         access,
@@ -218,9 +212,9 @@ def wire(
     )  # fmt: skip
     runs = RunUseCases(gate, store, cycle, settings, traces, driver_id, admission)
     mcp_connectors = McpConnectors(
-        gate=gate, store=store, mcp=mcp_store, governance=connector_policy.store,
-        policy=connector_policy, overlay=overlay, client=client, secrets=secrets,
-        url_guard=mcp_url_guard, list_timeout_s=mcp_call_timeout_s,
+        gate=gate, store=store, mcp=mcp.store, governance=connector_policy.store,
+        policy=connector_policy, overlay=mcp.overlay, client=mcp.client, secrets=secrets,
+        url_guard=mcp.url_guard, list_timeout_s=mcp.call_timeout_s,
     )  # fmt: skip
 
     def tools_of(connector: str) -> list[str]:
@@ -236,7 +230,7 @@ def wire(
 
     async def connectors_of(org_id: str) -> list[str]:
         """The connectors in code and the organisation's registered MCP servers."""
-        mine = [r.name for r in await mcp_store.registrations(org_id)]
+        mine = [r.name for r in await mcp.store.registrations(org_id)]
         return [*connector_policy.connectors, *mine]
 
     return Parts(
@@ -272,7 +266,8 @@ def wire(
             settings=settings, driver_id=driver_id,
         ),
         connectors=mcp_connectors,
-        mcp_client=client,
+        mcp_client=mcp.client,
+        owns_mcp_client=mcp.owns_client,
     )  # fmt: skip
 
 

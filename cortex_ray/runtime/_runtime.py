@@ -102,6 +102,7 @@ class Runtime:
         self._execution = parts.execution
         self._owns_model = parts.owns_model
         self._owns_db = parts.owns_db
+        self._mcp_client = parts.mcp_client if parts.owns_mcp_client else None
 
     @classmethod
     async def open(
@@ -156,6 +157,8 @@ class Runtime:
         await self.memory.aclose()
         if self.model is not None and self._owns_model:
             await self.model.aclose()
+        if self._mcp_client is not None:  # the stdio servers this process started stop
+            await self._mcp_client.aclose()
         await self._traces.close()  # flushes the spans still queued
         if close_db and self._owns_db:
             await self.db.close()
