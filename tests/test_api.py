@@ -882,6 +882,33 @@ def requests_for(estate: Estate, org: str) -> dict[str, tuple[str, str, dict[str
         "list_secrets": ("GET", f"{base}/secrets", {}),
         "put_secret": ("PUT", f"{base}/secrets/intruder_key", {"json": {"value": "v"}}),
         "delete_secret": ("DELETE", f"{base}/secrets/victim_key", {}),
+        # MCP servers as connectors (tests/test_mcp_connectors.py has their own route tests)
+        "list_servers": ("GET", f"{base}/connectors/mcp", {}),
+        "register_server": (
+            "POST",
+            f"{base}/connectors/mcp",
+            {"json": {"name": "intruder_mcp", "server": {"transport": "stdio", "command": "sh"}}},
+        ),
+        "get_server": ("GET", f"{base}/connectors/mcp/victim_mcp", {}),
+        "refresh_server": ("POST", f"{base}/connectors/mcp/victim_mcp/refresh", {}),
+        "approve_tool": ("POST", f"{base}/connectors/mcp/victim_mcp/tools/t/approve", {"json": {}}),
+        "set_tier": (
+            "PUT",
+            f"{base}/connectors/mcp/victim_mcp/tools/t/tier",
+            {"json": {"tier": "read"}},
+        ),
+        "set_tools": ("PUT", f"{base}/connectors/mcp/victim_mcp/tools", {"json": {"tools": None}}),
+        "remove_server": ("DELETE", f"{base}/connectors/mcp/victim_mcp", {}),
+        "set_own_credential": (
+            "PUT",
+            f"{base}/connectors/mcp/victim_mcp/credentials/tok",
+            {"json": {"value": "v"}},
+        ),
+        "delete_own_credential": (
+            "DELETE",
+            f"{base}/connectors/mcp/victim_mcp/credentials/tok",
+            {},
+        ),
         "list_schedules": ("GET", f"{base}/schedules", {}),
         "create_schedule": (
             "POST",
@@ -1042,6 +1069,8 @@ async def test_no_route_reads_or_writes_another_organisation(
         "list_approvals": 200,
         "list_secrets": 200,
         "put_secret": 200,  # its own organisation's secret
+        "list_servers": 200,
+        "register_server": 403,  # a stdio server: only the local operator registers one
         "list_schedules": 200,
         "list_workflows": 200,
         "create_workflow": 201,  # in its own organisation
