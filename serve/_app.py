@@ -199,7 +199,8 @@ def create_app(
         # Usable at once, also by a client that does not run the ASGI lifespan.
         app.state.api = ApiState(runtime, executor or InProcessExecutor(runtime))
     install_error_handlers(app)
-    app.add_middleware(TraceRequests, prefix="/api/")
+    # the MCP and A2A endpoints too: a run started there joins the caller's trace
+    app.add_middleware(TraceRequests, prefix=("/api/", "/mcp/", "/a2a/"))
     for router in ROUTERS:
         app.include_router(router())
     app.router.routes.append(Route(MCP_PATH, mcp, name="mcp"))

@@ -1,4 +1,5 @@
-"""HTTP requests as SERVER spans: the API's ``/api`` routes and the model routes ``/v1``."""
+"""HTTP requests as SERVER spans: the API's ``/api`` routes, its MCP (``/mcp``) and A2A
+(``/a2a``) endpoints, and the model routes ``/v1``."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ __all__ = ["TraceRequests"]
 
 
 class TraceRequests:
-    """A SERVER span per HTTP request under ``prefix`` (``{method} {route}``, HTTP semantic
-    conventions), under the caller's W3C ``traceparent`` if it sent one: a run submitted in
+    """A SERVER span per HTTP request under ``prefix`` (one or several): ``{method}
+    {route}``, HTTP semantic conventions, under the caller's W3C ``traceparent`` if it sent
+    one: a run submitted in
     the request stores that context, and a model call made in it hands it on, so the spans
     made for it, wherever they are made, join the caller's trace. Costs nothing when no
     tracer provider records."""
 
     def __init__(
-        self, app: Callable[[Scope, Receive, Send], Awaitable[None]], prefix: str = "/"
+        self,
+        app: Callable[[Scope, Receive, Send], Awaitable[None]],
+        prefix: str | tuple[str, ...] = "/",
     ) -> None:
         self.app = app
         self.prefix = prefix

@@ -221,6 +221,12 @@ async def test_run_task_reports_progress_and_returns_the_stored_result(api: Api)
     started = [r for r in rows if r["tool"] == "tasks.submit"]
     assert [r["principal_id"] for r in started] == ["ada"]
     assert stored.requested_by == "ada"
+    # The MCP request is a SERVER span like an /api request, and the run's trace starts there.
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {api.keys['ada']}"}) as h:
+        traced = await h.get(f"{api.base}/api/orgs/{api.org}/tasks/{stored.id}/trace")
+    assert traced.status_code == 200, traced.text
+    request = traced.json()["spans"][0]
+    assert (request["name"], request["kind"]) == ("POST /mcp/{org}", "SERVER"), request
 
 
 async def test_send_message_opens_and_continues_a_session(api: Api) -> None:

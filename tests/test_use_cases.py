@@ -252,6 +252,12 @@ REFUSALS: dict[UseCase, tuple[str, Call]] = {
         "member",
         lambda r, w: r.connectors.remove_mcp(w.org, "crm", principal=w.member),
     ),
+    UseCase.MCP_OWN_CREDENTIAL: (
+        "outsider",
+        lambda r, w: r.connectors.set_own_credential(
+            w.org, "crm", "crm_token", "x", principal=w.outsider
+        ),
+    ),
     UseCase.APPROVALS_LIST: (
         "outsider",
         lambda r, w: r.governance.list_approvals(w.org, principal=w.outsider),

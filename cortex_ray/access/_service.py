@@ -200,6 +200,8 @@ class UseCase(Enum):
     MCP_APPROVE = ("connectors.mcp.approve", ActionType.GROUNDING, Tier.ADMIN, True)
     MCP_CONFIGURE = ("connectors.mcp.configure", ActionType.GROUNDING, Tier.ADMIN, True)
     MCP_REMOVE = ("connectors.mcp.remove", ActionType.GROUNDING, Tier.ADMIN, True)
+    # A person's own credential for a per-principal server: any member, for themselves.
+    MCP_OWN_CREDENTIAL = ("connectors.mcp.credential", ActionType.GROUNDING, Tier.WRITE, True)
     # A person's label of a shadow run (what the acceptance report counts).
     TASKS_LABEL = ("tasks.label", ActionType.GROUNDING, Tier.WRITE, True)
     # Approval requests of paused runs: members read them; an admin person decides.

@@ -46,6 +46,7 @@ from cortex_ray.mcp import (
 )
 from cortex_ray.runtime._gate import UseCaseGate
 from cortex_ray.runtime._mcp_config import UrlGuard, basic_url_guard, check_config
+from cortex_ray.runtime._mcp_credentials import OwnCredentials
 from cortex_ray.storage import Store
 
 __all__ = ["SYSTEM_REFRESHER", "McpConnectors", "McpServerView"]
@@ -68,7 +69,7 @@ class McpServerView:
         return {p.tool: mcp_tool_name(self.registration.name, p.tool) for p in self.pins}
 
 
-class McpConnectors:
+class McpConnectors(OwnCredentials):
     """The MCP connector use cases (see the module docstring)."""
 
     def __init__(

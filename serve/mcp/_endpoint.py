@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
@@ -65,6 +66,9 @@ class McpEndpoint:
                 self._manager = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The request's span is named by the path's template, not each organisation's path
+        # (a Starlette Route leaves no "route" in the scope, as FastAPI's routes do).
+        scope.setdefault("route", _TEMPLATE)
         request = Request(scope, receive)
         principal = await _member(request)
         manager = self._manager
@@ -72,6 +76,14 @@ class McpEndpoint:
             raise ApiProblem(503, "the MCP endpoint is not running yet")
         scope[PRINCIPAL_KEY] = principal
         await manager.handle_request(scope, receive, send)
+
+
+@dataclass(frozen=True)
+class _Template:
+    path: str = MCP_PATH
+
+
+_TEMPLATE = _Template()
 
 
 async def _member(request: Request) -> Principal:

@@ -15,6 +15,8 @@ from serve.schemas.connectors import (
     McpRegister,
     McpServerList,
     McpServerOut,
+    OwnCredentialOut,
+    OwnCredentialPut,
     PinApprove,
     PinBody,
     PinChangeBody,
@@ -22,11 +24,13 @@ from serve.schemas.connectors import (
     TierSet,
     ToolsSet,
 )
+from serve.schemas.governance import vars_of
 
 __all__ = ["connectors_router"]
 
 ServerName = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")]
 ToolPath = Annotated[str, Path(min_length=1, max_length=200)]
+SecretPath = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")]
 TAGS: list[str | Enum] = ["connectors"]
 
 
@@ -143,6 +147,34 @@ def connectors_router() -> APIRouter:
     ) -> Response:
         """Remove the server (admins): its tools go at once, its grants are revoked."""
         await state.runtime.connectors.remove_mcp(org, name, principal=principal)
+        return Response(status_code=204)
+
+    @router.put(
+        "/connectors/mcp/{name}/credentials/{secret}",
+        response_model=OwnCredentialOut,
+        tags=TAGS,
+    )
+    async def set_own_credential(
+        state: StateDep,
+        org: OrgPath,
+        principal: MemberDep,
+        name: ServerName,
+        secret: SecretPath,
+        body: OwnCredentialPut,
+    ) -> OwnCredentialOut:
+        """Set the caller's own value of a secret the per-principal server names (any
+        member, for themselves); sealed at rest, never returned."""
+        info = await state.runtime.connectors.set_own_credential(
+            org, name, secret, body.value, principal=principal
+        )
+        return OwnCredentialOut.model_validate(vars_of(info))
+
+    @router.delete("/connectors/mcp/{name}/credentials/{secret}", status_code=204, tags=TAGS)
+    async def delete_own_credential(
+        state: StateDep, org: OrgPath, principal: MemberDep, name: ServerName, secret: SecretPath
+    ) -> Response:
+        """Remove the caller's own value of the secret."""
+        await state.runtime.connectors.delete_own_credential(org, name, secret, principal=principal)
         return Response(status_code=204)
 
     return router

@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from cortex_ray import CapabilityTier
 from cortex_ray.governance import PinChange, PinnedTool, PinStatus
 from cortex_ray.mcp import McpServerConfig, McpTransport, mcp_tool_name
 from cortex_ray.runtime import McpServerView
-from serve.schemas._common import Name, Number, SafeName, Text, _Body, _Out
+from serve.schemas._common import Name, Number, SafeName, Text, _Body, _clean, _Out
 
 SecretRef = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")]
 """The name of a secret of the organisation's secret store (never a value)."""
@@ -132,3 +132,19 @@ class TierSet(_Body):
 
 class ToolsSet(_Body):
     tools: list[Name] | None = Field(description="the server's tools offered (null: all)")
+
+
+class OwnCredentialPut(_Body):
+    """A person's own value of a secret a per-principal server's configuration names."""
+
+    value: Annotated[str, AfterValidator(_clean)] = Field(
+        min_length=1, max_length=16_384, description="never returned; no NUL"
+    )
+
+
+class OwnCredentialOut(_Out):
+    name: str = Field(description="the secret it is stored as: <secret>.principal.<caller>")
+    connector: str | None
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
