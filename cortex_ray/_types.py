@@ -384,6 +384,9 @@ class TurnEventKind(StrEnum):
     """The round's call needs a person's approval: the turn waits for the decision (the
     request's id, who may decide, until when), then its ``observation`` follows."""
     OBSERVATION = "observation"
+    PROGRESS = "progress"
+    """The round's call reported how far it got (an MCP server's progress notification):
+    ``progress``, ``total`` and the message as ``text``; before its ``observation``."""
     REPLY = "reply"
     REFUSED = "refused"
 
@@ -409,6 +412,8 @@ class TurnEvent(_Model):
     expires_at: datetime | None = Field(
         default=None, description="when the request expires (counts as a rejection)"
     )
+    progress: float | None = Field(default=None, description="how far the call got (progress)")
+    total: float | None = Field(default=None, description="what it counts to, if it knows")
 
 
 class RunStatus(StrEnum):

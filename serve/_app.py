@@ -173,6 +173,10 @@ def create_app(
                 )
                 await sweeper.start()
                 stack.push_async_callback(sweeper.aclose)
+            # MCP servers' tool lists listed again every connectors.mcp_list_refresh_s: a
+            # changed definition is pending until approved (docs/connectors.md).
+            await state.runtime.mcp_refresher.start()
+            stack.push_async_callback(state.runtime.mcp_refresher.stop)
             await stack.enter_async_context(mcp.running())  # /mcp/{org}: docs/mcp_server.md
             log.info("cortex-ray API ready (executor: %s)", type(state.executor).__name__)
             try:

@@ -22,10 +22,13 @@ from cortex_ray import (
     RunStatus,
     Step,
     TaskRun,
+    TurnEvent,
+    TurnEventKind,
 )
 from cortex_ray.storage import TurnRecord, TurnStatus
 from serve.a2a import published
 from serve.a2a._convert import (
+    event_message,
     parse_task_id,
     run_context_id,
     run_task,
@@ -67,6 +70,29 @@ def turn(status: TurnStatus, **fields: object) -> TurnRecord:
         id=uuid.uuid4(), org_id="acme", session_id=uuid.uuid4(), ordinal=1, caller_id="ada",
         message="hello", status=status, accepted_at=NOW, **fields,  # type: ignore[arg-type]
     )  # fmt: skip
+
+
+def test_a_calls_progress_reads_as_one_line_each() -> None:
+    t = turn(TurnStatus.RUNNING)
+    said = [
+        event_message(
+            t,
+            TurnEvent(
+                kind=TurnEventKind.PROGRESS,
+                round=0,
+                tool="live__count",
+                progress=i,
+                total=3,
+                text=f"step {i}",
+            ),
+        )
+        for i in (1, 2)
+    ]
+    assert ["".join(p.text for p in m.parts) for m in said] == [
+        "live__count: 1/3 step 1",
+        "live__count: 2/3 step 2",
+    ]
+    assert said[0].message_id != said[1].message_id
 
 
 def status_text(task: Task) -> str:

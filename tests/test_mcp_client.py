@@ -215,7 +215,7 @@ async def test_a_handshake_only_server_is_reached_through_the_fallback(
 ) -> None:
     config = _stdio()
     names = [t.name for t in await client.list_tools("acme/old", config, NONE)]
-    assert names == ["echo", "grow", "garbage", "ask", "die"]
+    assert names == ["echo", "grow", "garbage", "ask", "count", "die"]
     version = client.protocol_version("acme/old")
     assert version is not None and version < "2026", version
     result = await client.call_tool("acme/old", config, NONE, "echo", {"text": "hi"}, timeout_s=10)

@@ -3,7 +3,7 @@
 from cortex_ray.act._calls import Dispatch, InvocationContext
 from cortex_ray.act._dispatcher import ToolDispatcher, ToolHook
 from cortex_ray.act._registry import ActionClassifier, OrgToolSource, ToolRegistry
-from cortex_ray.act._tools import Tool, ToolContext, ToolHandler
+from cortex_ray.act._tools import ProgressSink, Tool, ToolContext, ToolHandler, progress_to
 from cortex_ray.act.builtins import (
     BUILTIN_TOOL_NAMES,
     GRAPH_SEARCH,
@@ -20,6 +20,7 @@ __all__ = [
     "Dispatch",
     "InvocationContext",
     "OrgToolSource",
+    "ProgressSink",
     "Tool",
     "ToolContext",
     "ToolDispatcher",
@@ -28,4 +29,5 @@ __all__ = [
     "ToolRegistry",
     "builtin_declarations",
     "builtin_tools",
+    "progress_to",
 ]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -20,7 +23,26 @@ from cortex_ray._types import (
 if TYPE_CHECKING:
     from cortex_ray.memory import MemoryService
 
-__all__ = ["Tool", "ToolContext", "ToolHandler"]
+__all__ = ["ProgressSink", "Tool", "ToolContext", "ToolHandler", "progress_to"]
+
+ProgressSink = Callable[[float, "float | None", "str | None"], Awaitable[None]]
+"""Hears a running call's progress (progress, total, message): an interactive turn makes
+them turn events (``TurnEventKind.PROGRESS``)."""
+
+log = logging.getLogger("cortex_ray.act")
+
+_progress_sink: ContextVar[ProgressSink | None] = ContextVar("tool_progress", default=None)
+
+
+@contextmanager
+def progress_to(sink: ProgressSink | None) -> Iterator[None]:
+    """Send the progress of the tool calls made inside (in this task and the tasks it
+    starts) to ``sink``."""
+    token = _progress_sink.set(sink)
+    try:
+        yield
+    finally:
+        _progress_sink.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +67,9 @@ class ToolContext:
     """The connector of the tool called, if any: it may read that connector's secrets."""
     revealed: list[str] = field(default_factory=list)
     """The secret values this call read: the gate redacts them from what the call returns."""
+    progress_sink: ProgressSink | None = field(default_factory=lambda: _progress_sink.get())
+    """Who follows the call's progress: taken where the context is made (the gate, inside
+    ``progress_to``), since a client may report progress from a task of its own."""
 
     async def secret(self, name: str) -> str:
         """A credential from the organisation's secret store (a connector's tool reads its
@@ -63,6 +88,20 @@ class ToolContext:
         value: str = await self.secrets.reveal(self.org_id, name, connector=self.connector)
         self.revealed.append(value)
         return value
+
+    async def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Tell whoever follows the call how far it got (a turn streams it as a
+        ``progress`` event; elsewhere nobody listens). A listener's failure is not the
+        call's."""
+        sink = self.progress_sink
+        if sink is None:
+            return
+        try:
+            await sink(progress, total, message)
+        except Exception:  # a stream that went away never fails the call
+            log.warning("a progress listener failed", exc_info=True)
 
     @property
     def idempotency_key(self) -> str | None:

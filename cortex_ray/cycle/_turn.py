@@ -36,7 +36,7 @@ from cortex_ray._types import (
     WorkingMemory,
     utcnow,
 )
-from cortex_ray.act import InvocationContext, ToolDispatcher
+from cortex_ray.act import InvocationContext, ToolDispatcher, progress_to
 from cortex_ray.cycle._approvals import TurnApprovals
 from cortex_ray.cycle._events import TurnEventRelay, TurnEventSink
 from cortex_ray.cycle._runs import Timelines
@@ -81,6 +81,10 @@ class _Turn:
     async def emit(self, event: TurnEvent) -> None:
         self.emitted.append(event)
         await self.relay(event)
+
+
+_MAX_PROGRESS_EVENTS = 50
+"""Progress events a round streams at most (the rest are on the call's span only)."""
 
 
 class InteractiveTurn:
@@ -256,7 +260,10 @@ class InteractiveTurn:
         """One tool round: the shared step, then its call observed (``True``: another round)
         or the turn's reply or refusal (``False``)."""
 
+        chosen: list[str] = []
+
         async def tool_call(action: AgentAction) -> None:
+            chosen.append(action.tool)
             await t.emit(
                 TurnEvent(
                     kind=TurnEventKind.TOOL_CALL,
@@ -268,14 +275,30 @@ class InteractiveTurn:
 
         if t.lease is not None:
             t.ctx = replace(t.ctx, idempotency_key=t.lease.idempotency_key(round_index))
-        cycle = await self._step(
-            t.ctx,
-            await self._decider(t, round_index),
-            objective=t.message,
-            observations=t.observations,
-            conversation=[*t.history, t.new_turns[0]],
-            before_act=tool_call,
-        )
+        reported = 0
+
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            nonlocal reported
+            if reported >= _MAX_PROGRESS_EVENTS:  # a chatty server cannot flood the turn
+                return
+            reported += 1
+            tool = chosen[-1] if chosen else None
+            await t.emit(
+                TurnEvent(
+                    kind=TurnEventKind.PROGRESS, round=round_index, tool=tool,
+                    progress=done, total=total, text=message,
+                )
+            )  # fmt: skip
+
+        with progress_to(progress):
+            cycle = await self._step(
+                t.ctx,
+                await self._decider(t, round_index),
+                objective=t.message,
+                observations=t.observations,
+                conversation=[*t.history, t.new_turns[0]],
+                before_act=tool_call,
+            )
         decision = cycle.decision
         if cycle.dispatch is not None and decision.action is not None:
             dispatch = cycle.dispatch

@@ -61,7 +61,7 @@ JOIN connector_instances i ON i.org_id = m.org_id AND i.connector = m.name
 
 class McpConnectorStore:
     """Reads and writes of ``mcp_connectors`` and ``mcp_tool_pins`` (every statement
-    filters by organisation)."""
+    filters by organisation, but the system sweep's ``all_registrations``)."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -124,6 +124,13 @@ class McpConnectorStore:
     async def registrations(self, org_id: str) -> list[McpRegistration]:
         async with self.db.connection() as conn:
             cur = await conn.execute(_SELECT + "WHERE m.org_id = %s ORDER BY m.name", (org_id,))
+            return [_registration(r) for r in await cur.fetchall()]
+
+    async def all_registrations(self) -> list[McpRegistration]:
+        """Every organisation's enabled registrations: the one read across organisations,
+        for the system's periodic refresh (``McpListRefresher``)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(_SELECT + "WHERE i.enabled ORDER BY m.org_id, m.name")
             return [_registration(r) for r in await cur.fetchall()]
 
     async def remove(self, org_id: str, name: str) -> None:

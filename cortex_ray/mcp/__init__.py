@@ -8,6 +8,7 @@ from cortex_ray.mcp._client import SdkMcpClient
 from cortex_ray.mcp._overlay import McpToolOverlay, NoMcpClient, offered_definitions
 from cortex_ray.mcp._tools import (
     DEFAULT_CALL_TIMEOUT_S,
+    INPUT_DECLINED,
     McpToolError,
     connection_key,
     mcp_tools,
@@ -35,6 +36,7 @@ from cortex_ray.mcp._urls import check_mcp_url
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT_S",
+    "INPUT_DECLINED",
     "ElicitHook",
     "McpCallResult",
     "McpClient",

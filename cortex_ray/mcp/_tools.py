@@ -10,14 +10,24 @@ the server under the call timeout, and turns the answer into the observation: st
 content as it is, else the text blocks joined. A server's ``isError`` and a server that
 cannot be reached or does not answer in time raise :class:`McpToolError` naming the
 connector: the gate records a failed observation, and the agent's other tools stay.
+
+What a call does is seen on the gate's ``execute_tool`` span (the connector, the server's
+own tool name, ``mcp.method.name``; each progress notification a ``mcp.progress`` event, a
+request for input a ``mcp.elicitation`` event) and in the ``cortex_mcp_calls`` counter by
+outcome. A request for input is declined for now, and the observation fails saying so
+(``INPUT_DECLINED``): never a silent answer the model takes for the tool's.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
+
+from opentelemetry import trace
 
 from cortex_ray._types import ActionType, CapabilityTier
 from cortex_ray.act import Tool, ToolContext
@@ -25,13 +35,18 @@ from cortex_ray.mcp._types import (
     McpCallResult,
     McpClient,
     McpCredentials,
+    McpElicitation,
+    McpElicitationAnswer,
+    McpProgress,
     McpServerConfig,
     McpToolDefinition,
     mcp_tool_name,
 )
+from cortex_ray.observability import metrics, scrub_text
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT_S",
+    "INPUT_DECLINED",
     "McpToolError",
     "connection_key",
     "mcp_tools",
@@ -42,6 +57,11 @@ __all__ = [
 
 DEFAULT_CALL_TIMEOUT_S = 30.0
 """One call's bound when neither the configuration nor the settings give one."""
+
+INPUT_DECLINED = "declined: cortex-ray cannot ask a person mid-call yet"
+"""What a call's observation says after its server asked for input (elicitation)."""
+
+log = logging.getLogger("cortex_ray.mcp")
 
 _GATE_MARGIN_S = 5.0
 """The gate's own timeout is this much longer than the call's, so that the handler (which
@@ -156,25 +176,75 @@ def _description(connector: str, definition: McpToolDefinition) -> str:
 def _handler(
     connector: str, config: McpServerConfig, tool: str, client: McpClient, timeout_s: float
 ) -> Any:
+    host = urlsplit(config.url).hostname if config.url else None
+
     async def call(ctx: ToolContext, args: dict[str, Any]) -> Any:
-        principal = ctx.principal.id if config.per_principal else None
-        credentials = await resolve_credentials(config, ctx.secret, principal)
-        key = connection_key(ctx.org_id, connector, principal)
+        span = trace.get_current_span()  # the gate's execute_tool span
+        span.set_attributes(
+            {
+                "mcp.method.name": "tools/call",
+                "cortex.connector": connector,
+                "cortex.mcp.tool": tool,
+                "cortex.mcp.transport": config.transport.value,
+                **({"server.address": host} if host else {}),
+            }
+        )
+        asked: list[McpElicitation] = []
+
+        async def on_progress(progress: McpProgress) -> None:
+            event: dict[str, str | float] = {"mcp.progress": progress.progress}
+            if progress.total is not None:
+                event["mcp.progress.total"] = progress.total
+            if progress.message:
+                event["mcp.progress.message"] = scrub_text(progress.message)[:500]
+            span.add_event("mcp.progress", event)
+            await ctx.report_progress(progress.progress, progress.total, progress.message)
+
+        async def on_elicit(request: McpElicitation) -> McpElicitationAnswer:
+            asked.append(request)
+            message = scrub_text(request.message)[:500]
+            span.add_event("mcp.elicitation", {"mcp.elicitation.message": message})
+            log.warning(
+                "MCP server %s asked for input in %s (%s): %s", connector, tool, message,
+                INPUT_DECLINED,
+            )  # fmt: skip
+            return McpElicitationAnswer(action="decline")
+
+        outcome = "unavailable"
         try:
-            result = await client.call_tool(
-                key, config, credentials, tool, args, timeout_s=timeout_s
-            )
-        except TimeoutError:
-            raise McpToolError(
-                f"MCP server {connector!r} did not answer {tool!r} within {timeout_s:g}s"
-            ) from None
-        except Exception as exc:  # unreachable, died mid-call, protocol error
-            raise McpToolError(
-                f"MCP server {connector!r} could not be reached: {type(exc).__name__}: {exc}"
-            ) from exc
-        if result.is_error:
+            principal = ctx.principal.id if config.per_principal else None
+            credentials = await resolve_credentials(config, ctx.secret, principal)
+            key = connection_key(ctx.org_id, connector, principal)
+            try:
+                result = await client.call_tool(
+                    key, config, credentials, tool, args, timeout_s=timeout_s,
+                    on_progress=on_progress, on_elicit=on_elicit,
+                )  # fmt: skip
+            except TimeoutError:
+                outcome = "timeout"
+                raise McpToolError(
+                    f"MCP server {connector!r} did not answer {tool!r} within {timeout_s:g}s"
+                ) from None
+            except Exception as exc:  # unreachable, died mid-call, protocol error
+                raise McpToolError(
+                    f"MCP server {connector!r} could not be reached: {type(exc).__name__}: {exc}"
+                ) from exc
             text = render_result(result.model_copy(update={"structured": None}))
-            raise McpToolError(f"MCP server {connector!r} tool {tool!r} failed: {text}")
-        return render_result(result)
+            if asked:
+                outcome = "input_declined"
+                what = "; ".join(repr(a.message[:200]) for a in asked)
+                raise McpToolError(
+                    f"MCP server {connector!r} tool {tool!r}: the server asked for input: "
+                    f"{what}; {INPUT_DECLINED} (the server then answered: {text[:500]})"
+                )
+            if result.is_error:
+                outcome = "tool_error"
+                raise McpToolError(f"MCP server {connector!r} tool {tool!r} failed: {text}")
+            outcome = "ok"
+            return render_result(result)
+        finally:
+            metrics.record(
+                metrics.MCP_CALLS, org=ctx.org_id, connector=connector, tool=tool, outcome=outcome
+            )
 
     return call

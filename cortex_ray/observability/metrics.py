@@ -31,6 +31,7 @@ __all__ = [
     "INGEST_PASSAGES",
     "KNOWLEDGE_SEARCH_DURATION",
     "LOOPS_DETECTED",
+    "MCP_CALLS",
     "METRICS",
     "MODEL_DURATION",
     "MODEL_TOKENS",
@@ -110,6 +111,11 @@ TOOL_CALLS = _counter(
     "cortex_tool_calls", "Tool calls through the gate, by tool, action category and status",
     "org", "agent", "tool", "category", "outcome",
 )  # fmt: skip
+MCP_CALLS = _counter(
+    "cortex_mcp_calls", "Calls sent to MCP servers, by connector, the server's tool name and "
+    "outcome (ok, tool_error, timeout, unavailable, input_declined)", "org", "connector",
+    "tool", "outcome",
+)  # fmt: skip
 ACCESS_DENIALS = _counter(
     "cortex_access_denials", "Tool calls the gate refused (the tool's code never ran)", "org",
     "agent", "tool",
@@ -176,6 +182,7 @@ METRICS: tuple[MetricSpec, ...] = (
     RUNS_FINISHED,
     STEPS,
     TOOL_CALLS,
+    MCP_CALLS,
     ACCESS_DENIALS,
     LOOPS_DETECTED,
     PHASE_DURATION,

@@ -25,7 +25,7 @@ from cortex_ray._exceptions import (
     UnavailableError,
 )
 from cortex_ray._names import check_name
-from cortex_ray._types import CapabilityTier, Principal, utcnow
+from cortex_ray._types import CapabilityTier, Principal, PrincipalKind, utcnow
 from cortex_ray.access import UseCase
 from cortex_ray.governance import (
     ConnectorPolicy,
@@ -49,7 +49,10 @@ from cortex_ray.runtime._mcp_config import UrlGuard, basic_url_guard, check_conf
 from cortex_ray.runtime._mcp_credentials import OwnCredentials
 from cortex_ray.storage import Store
 
-__all__ = ["McpConnectors", "McpServerView"]
+__all__ = ["SYSTEM_REFRESHER", "McpConnectors", "McpServerView"]
+
+SYSTEM_REFRESHER = "system:mcp-refresh"
+"""Who the refreshes nobody asked for act and are audited as."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,13 +188,37 @@ class McpConnectors(OwnCredentials):
         registration = await self.mcp.get(org_id, name)
         return await self._refresh(caller, org_id, registration)
 
+    async def refresh_as_system(
+        self, org_id: str, name: str, principal_id: str | None = None
+    ) -> list[PinChange]:
+        """The refresh nobody asked for (a server announced a change, or the periodic
+        sweep: ``McpListRefresher``): the same listing and pinning rule as ``refresh_mcp``,
+        acting and audited as ``SYSTEM_REFRESHER`` (no caller to authorize). A
+        per-principal server is listed with ``principal_id``'s own credentials (whose
+        session heard the change).
+
+        Raises:
+            NotFoundError: No such server here (removed meanwhile).
+            UnavailableError: The server could not be listed (its health says why).
+        """
+        caller = Principal(
+            id=SYSTEM_REFRESHER, org_id=org_id, kind=PrincipalKind.SERVICE,
+            name="MCP list refresher", is_admin=True,
+        )  # fmt: skip
+        registration = await self.mcp.get(org_id, name)
+        return await self._refresh(caller, org_id, registration, principal_id)
+
     async def _refresh(
-        self, caller: Principal, org_id: str, registration: McpRegistration
+        self,
+        caller: Principal,
+        org_id: str,
+        registration: McpRegistration,
+        principal_id: str | None = None,
     ) -> list[PinChange]:
         name = registration.name
         config = McpServerConfig.model_validate(registration.config)
         # A per-principal server is listed with the credentials of whoever refreshes it.
-        who = caller.id if config.per_principal else None
+        who = (principal_id or caller.id) if config.per_principal else None
         try:
             credentials = await resolve_credentials(config, self._reveal(org_id, name), who)
             async with asyncio.timeout(self.list_timeout_s):

@@ -62,6 +62,7 @@ from cortex_ray.runtime._graph import GraphUseCases
 from cortex_ray.runtime._keys import KeyUseCases
 from cortex_ray.runtime._knowledge import KnowledgeUseCases
 from cortex_ray.runtime._mcp_config import UrlGuard
+from cortex_ray.runtime._mcp_refresh import McpListRefresher
 from cortex_ray.runtime._mcp_wiring import wire_mcp
 from cortex_ray.runtime._memory import MemoryUseCases
 from cortex_ray.runtime._runs import RunUseCases
@@ -115,6 +116,7 @@ class Parts:
     keys: KeyUseCases
     execution: Execution
     connectors: McpConnectors
+    mcp_refresher: McpListRefresher
     mcp_client: McpClient
     owns_model: bool = False
     owns_db: bool = False
@@ -266,6 +268,7 @@ def wire(
             settings=settings, driver_id=driver_id,
         ),
         connectors=mcp_connectors,
+        mcp_refresher=mcp.refresher(mcp_connectors),
         mcp_client=mcp.client,
         owns_mcp_client=mcp.owns_client,
     )  # fmt: skip

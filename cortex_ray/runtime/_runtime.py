@@ -80,6 +80,8 @@ class Runtime:
         self.connectors = parts.connectors
         """MCP servers as connectors: register, refresh and pin, approve, tiers: use cases."""
         self.mcp_client = parts.mcp_client
+        self.mcp_refresher = parts.mcp_refresher
+        """Keeps pinned MCP definitions live: on announced changes; ``start()`` sweeps."""
         self.composer = parts.composer
         self.assembler = parts.assembler
         self.autonomous = parts.autonomous
@@ -157,6 +159,7 @@ class Runtime:
         await self.memory.aclose()
         if self.model is not None and self._owns_model:
             await self.model.aclose()
+        await self.mcp_refresher.aclose()
         if self._mcp_client is not None:  # the stdio servers this process started stop
             await self._mcp_client.aclose()
         await self._traces.close()  # flushes the spans still queued

@@ -304,12 +304,17 @@ def event_message(turn: TurnRecord, event: TurnEvent) -> Message:
     elif event.kind is TurnEventKind.OBSERVATION and event.observation is not None:
         obs = event.observation
         text = f"{obs.tool} → {obs.status.value}: {obs.summary[:500]}"
+    elif event.kind is TurnEventKind.PROGRESS:
+        of = "" if event.total is None else f"/{event.total:g}"
+        text = f"{event.tool}: {event.progress or 0:g}{of} {event.text or ''}".rstrip()
     else:
         text = event.text or event.kind.value
+    # Several progress events share a round: each its own message id.
+    part = "" if event.kind is not TurnEventKind.PROGRESS else f":{event.progress or 0:g}"
     return _message(
         Role.ROLE_AGENT,
         text,
-        message_id=f"{turn.id}:{event.kind.value}:{event.round}",
+        message_id=f"{turn.id}:{event.kind.value}:{event.round}{part}",
         context_id=str(turn.session_id),
         task_id=turn_task_id(turn),
     )

@@ -1,6 +1,6 @@
 """A turn's events as server-sent events: ``started``, ``tool_call``, ``approval_required``,
-``observation``, ``reply`` or ``refused``, then ``done`` or ``error``; each with the id
-``<turnId>:<seq>`` a client reconnects with (``Last-Event-ID``)."""
+``progress``, ``observation``, ``reply`` or ``refused``, then ``done`` or ``error``; each
+with the id ``<turnId>:<seq>`` a client reconnects with (``Last-Event-ID``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from serve.schemas import TurnDone, TurnError, from_observation
 from serve.schemas.sessions import (
     TurnApprovalRequired,
     TurnObservation,
+    TurnProgress,
     TurnRefused,
     TurnReply,
     TurnToolCall,
@@ -57,6 +58,15 @@ def turn_event(event: TurnEvent, *, event_id: str | None = None) -> ServerSentEv
             expires_at=event.expires_at,
         )
         return sse("approval_required", asked, event_id=event_id)
+    if event.kind is TurnEventKind.PROGRESS:
+        done = TurnProgress(
+            round=event.round,
+            tool=event.tool or "",
+            progress=event.progress or 0.0,
+            total=event.total,
+            message=event.text,
+        )
+        return sse("progress", done, event_id=event_id)
     if event.kind is TurnEventKind.OBSERVATION and event.observation is not None:
         body = from_observation(event.observation).model_dump()
         return sse("observation", TurnObservation(round=event.round, **body), event_id=event_id)

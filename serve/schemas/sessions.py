@@ -138,6 +138,17 @@ class TurnToolCall(_Out):
     args: JsonObject
 
 
+class TurnProgress(_Out):
+    """SSE ``progress``: the round's call reported how far it got (an MCP server's progress
+    notification); its ``observation`` follows."""
+
+    round: int
+    tool: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
 class TurnApprovalRequired(_Out):
     """SSE ``approval_required``: the round's call needs a person's approval; the turn waits
     for the decision (``POST .../approvals/{approvalId}/decision``), then its ``observation``

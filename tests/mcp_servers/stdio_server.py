@@ -6,7 +6,8 @@ do), built on the official SDK's low-level ``Server``.
 
 Tools: ``echo``; ``grow``, which adds a tool and sends ``notifications/tools/list_changed``
 (a server that changes its tool list, for pinning); ``garbage``, whose result breaks its own
-output schema; ``ask``, which asks the client for input; ``die``, which kills the process in
+output schema; ``ask``, which asks the client for input; ``count``, which reports progress
+at each of its ``steps``; ``die``, which kills the process in
 the middle of the call. With STATE_DIR the process writes its pid to ``STATE_DIR/pid``."""
 
 from __future__ import annotations
@@ -57,6 +58,16 @@ _BASE = [
         input_schema={"type": "object", "properties": {}},
     ),
     types.Tool(
+        name="count",
+        description="Counts to steps, reporting progress at each",
+        input_schema={
+            "type": "object",
+            "properties": {"steps": {"type": "integer"}},
+            "required": ["steps"],
+        },
+        annotations=types.ToolAnnotations(read_only_hint=True),
+    ),
+    types.Tool(
         name="die",
         description="Kills this server's process mid-call",
         input_schema={"type": "object", "properties": {}},
@@ -105,6 +116,11 @@ async def call_tool(
             related_request_id=ctx.request_id,
         )
         return _text(f"{answer.action}: {(answer.content or {}).get('colour')}")
+    if params.name == "count":
+        steps = int(args.get("steps", 1))
+        for i in range(1, steps + 1):
+            await ctx.session.report_progress(i, steps, f"step {i}")
+        return _text(f"counted to {steps}")
     if params.name == "die":
         os._exit(5)
     if params.name in _grown:
