@@ -339,7 +339,9 @@ async def main(ns: argparse.Namespace) -> int:
     )
     port = free_port()
     state = Path(tempfile.mkdtemp(prefix="cortex-ray-mcp-bench-", dir="/tmp"))
-    http = await asyncio.create_subprocess_exec(sys.executable, str(HTTP_SERVER), str(port), TOKEN)
+    http = await asyncio.create_subprocess_exec(  # quiet: --json prints to stdout
+        sys.executable, str(HTTP_SERVER), str(port), TOKEN, stdout=asyncio.subprocess.DEVNULL
+    )
     servers = [
         Server(
             "time",
