@@ -32,7 +32,8 @@ the audit write's share.
 Then connection reuse: ``--sessions`` (16) concurrent callers (asyncio tasks, as 16 session
 actors sharing one connection would be) each making ``--per-session`` calls, through the
 gate (one shared connection per organisation, connector and credential) against 16
-independent SDK sessions (what a connection per session would be); calls per second and the
+independent SDK sessions (what a connection per session would be), and the same callers
+sharing one SDK session (what one connection allows without the gate); calls per second and the
 server processes (stdio: this process's children running the server) or TCP connections
 (HTTP: established connections to the server's port) counted while they run.
 
@@ -318,6 +319,10 @@ async def reuse(
         sdk_s = time.perf_counter() - started
         running = False
         await sampler
+        # the same callers sharing one SDK session: what one connection allows by itself
+        started = time.perf_counter()
+        await asyncio.gather(*(sdk_caller(clients[0]) for _ in clients))
+        shared_s = time.perf_counter() - started
 
     total = sessions * per_session
     return {
@@ -325,6 +330,7 @@ async def reuse(
         "calls": total,
         "gate_calls_per_s": total / gate_s,
         "sdk_calls_per_s": total / sdk_s,
+        "sdk_shared_calls_per_s": total / shared_s,
         "gate_open": peak["gate"],
         "sdk_open": peak["sdk"] - baseline,
         "sdk_open_s": open_s,
@@ -450,7 +456,8 @@ def report(r: dict[str, Any]) -> None:
             f"  {ru['sessions']} concurrent sessions, {ru['calls']} calls: gate "
             f"{ru['gate_calls_per_s']:.0f} calls/s on {ru['gate_open']} {ru['counted']}; "
             f"independent SDK sessions {ru['sdk_calls_per_s']:.0f} calls/s on "
-            f"{ru['sdk_open']} {ru['counted']} (opening them took {ru['sdk_open_s']:.2f} s)"
+            f"{ru['sdk_open']} {ru['counted']} (opening them took {ru['sdk_open_s']:.2f} s); "
+            f"the callers on one SDK session {ru['sdk_shared_calls_per_s']:.0f} calls/s"
         )
     before, after = r["loadavg_before"], r["loadavg_after"]
     print(f"\nload average before {before[0]:.2f}, after {after[0]:.2f} ({r['cpus']} CPUs)")
