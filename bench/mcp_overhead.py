@@ -270,7 +270,7 @@ async def reuse(
     many independent SDK sessions."""
     tool = mcp_tool_name(server.name, server.tool)
     agent = await rt.get_agent(org, "bench")
-    peak = {"gate": 0, "sdk": 0}
+    peak = {"gate": 0, "sdk": 0, "shared": 0}
     running = True
 
     async def sample(arm: str) -> None:
@@ -320,9 +320,14 @@ async def reuse(
         running = False
         await sampler
         # the same callers sharing one SDK session: what one connection allows by itself
+        running = True
+        sampler = asyncio.create_task(sample("shared"))
         started = time.perf_counter()
         await asyncio.gather(*(sdk_caller(clients[0]) for _ in clients))
         shared_s = time.perf_counter() - started
+        running = False
+        await sampler
+        in_use = baseline + len(clients) - 1  # each idle client's own connection stays open
 
     total = sessions * per_session
     return {
@@ -333,6 +338,7 @@ async def reuse(
         "sdk_shared_calls_per_s": total / shared_s,
         "gate_open": peak["gate"],
         "sdk_open": peak["sdk"] - baseline,
+        "sdk_shared_open": peak["shared"] - in_use,
         "sdk_open_s": open_s,
         "counted": server.counted,
     }
@@ -457,7 +463,8 @@ def report(r: dict[str, Any]) -> None:
             f"{ru['gate_calls_per_s']:.0f} calls/s on {ru['gate_open']} {ru['counted']}; "
             f"independent SDK sessions {ru['sdk_calls_per_s']:.0f} calls/s on "
             f"{ru['sdk_open']} {ru['counted']} (opening them took {ru['sdk_open_s']:.2f} s); "
-            f"the callers on one SDK session {ru['sdk_shared_calls_per_s']:.0f} calls/s"
+            f"the callers on one SDK session {ru['sdk_shared_calls_per_s']:.0f} calls/s on "
+            f"{ru['sdk_shared_open']} {ru['counted']}"
         )
     before, after = r["loadavg_before"], r["loadavg_after"]
     print(f"\nload average before {before[0]:.2f}, after {after[0]:.2f} ({r['cpus']} CPUs)")
