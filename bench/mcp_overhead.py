@@ -319,15 +319,18 @@ async def reuse(
         sdk_s = time.perf_counter() - started
         running = False
         await sampler
-        # the same callers sharing one SDK session: what one connection allows by itself
+
+    # the same callers sharing one SDK session (the 16 closed): what one connection allows
+    baseline_shared = server.count()
+    async with Client(server.sdk_target()) as shared:
+        await shared.call_tool(server.tool, server.args)
         running = True
         sampler = asyncio.create_task(sample("shared"))
         started = time.perf_counter()
-        await asyncio.gather(*(sdk_caller(clients[0]) for _ in clients))
+        await asyncio.gather(*(sdk_caller(shared) for _ in range(sessions)))
         shared_s = time.perf_counter() - started
         running = False
         await sampler
-        in_use = baseline + len(clients) - 1  # each idle client's own connection stays open
 
     total = sessions * per_session
     return {
@@ -338,7 +341,7 @@ async def reuse(
         "sdk_shared_calls_per_s": total / shared_s,
         "gate_open": peak["gate"],
         "sdk_open": peak["sdk"] - baseline,
-        "sdk_shared_open": peak["shared"] - in_use,
+        "sdk_shared_open": peak["shared"] - baseline_shared,
         "sdk_open_s": open_s,
         "counted": server.counted,
     }
