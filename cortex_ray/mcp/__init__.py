@@ -5,7 +5,7 @@ speak; the client that talks to servers implements :class:`McpClient` with the o
 ``mcp`` SDK."""
 
 from cortex_ray.mcp._client import SdkMcpClient
-from cortex_ray.mcp._overlay import McpToolOverlay, NoMcpClient, offered_definitions
+from cortex_ray.mcp._overlay import McpToolOverlay, offered_definitions
 from cortex_ray.mcp._tools import (
     DEFAULT_CALL_TIMEOUT_S,
     INPUT_DECLINED,
@@ -51,7 +51,6 @@ __all__ = [
     "McpToolError",
     "McpToolOverlay",
     "McpTransport",
-    "NoMcpClient",
     "ProgressHook",
     "SdkMcpClient",
     "check_mcp_url",

@@ -9,59 +9,22 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import jsonschema
 from pydantic import ValidationError
 
-from cortex_ray._exceptions import UnavailableError
 from cortex_ray.act import Tool
 from cortex_ray.governance import McpConnectorStore, McpRegistration, PinnedTool
 from cortex_ray.mcp._tools import DEFAULT_CALL_TIMEOUT_S, mcp_tools
 from cortex_ray.mcp._types import (
-    McpCallResult,
     McpClient,
-    McpCredentials,
     McpServerConfig,
     McpToolDefinition,
 )
 
-__all__ = ["McpToolOverlay", "NoMcpClient", "offered_definitions"]
+__all__ = ["McpToolOverlay", "offered_definitions"]
 
 log = logging.getLogger("cortex_ray.mcp")
-
-
-class NoMcpClient:
-    """The ``McpClient`` of a runtime given none: every call fails, clearly."""
-
-    _WHY = "this runtime has no MCP client (pass mcp_client=, e.g. cortex_ray.mcp.SdkMcpClient)"
-
-    async def list_tools(
-        self, key: str, config: McpServerConfig, credentials: McpCredentials
-    ) -> list[McpToolDefinition]:
-        raise UnavailableError(self._WHY)
-
-    async def call_tool(
-        self,
-        key: str,
-        config: McpServerConfig,
-        credentials: McpCredentials,
-        name: str,
-        arguments: Mapping[str, Any],
-        *,
-        timeout_s: float,
-        on_progress: Any = None,
-        on_elicit: Any = None,
-    ) -> McpCallResult:
-        raise UnavailableError(self._WHY)
-
-    async def health(
-        self, key: str, config: McpServerConfig, credentials: McpCredentials
-    ) -> str | None:
-        return self._WHY
-
-    async def aclose(self) -> None:
-        return None
 
 
 def offered_definitions(
