@@ -15,7 +15,8 @@ from serve.schemas._common import Name, Number, SafeName, Text, _Body, _clean, _
 
 SecretRef = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")]
 """The name of a secret of the organisation's secret store (never a value)."""
-ToolName = Annotated[str, Field(min_length=1, max_length=200)]
+ToolName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_clean)]
+_Key = Annotated[str, Field(max_length=200), AfterValidator(_clean)]
 
 
 class McpServerBody(_Body):
@@ -26,7 +27,7 @@ class McpServerBody(_Body):
         "local operator (CLI, Python) registers a command"
     )
     url: Text | None = Field(default=None, max_length=2000)
-    headers: dict[Annotated[str, Field(max_length=200)], SecretRef] = Field(
+    headers: dict[_Key, SecretRef] = Field(
         default_factory=dict, description="header name → the secret holding its value"
     )
     bearer_secret: SecretRef | None = None
@@ -36,7 +37,7 @@ class McpServerBody(_Body):
     )
     command: Text | None = None
     args: list[Text] = Field(default_factory=list, max_length=100)
-    env: dict[Annotated[str, Field(max_length=200)], SecretRef] = Field(default_factory=dict)
+    env: dict[_Key, SecretRef] = Field(default_factory=dict)
     cwd: Text | None = None
     timeout_s: Number | None = Field(default=None, gt=0)
 
