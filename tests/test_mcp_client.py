@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from mcp_servers import SERVERS, HttpServer, free_port, wait_for
 
 from cortex_ray import ConnectorUnavailableError
 from cortex_ray._types import CapabilityTier
@@ -32,31 +30,10 @@ from cortex_ray.mcp import (
 )
 from cortex_ray.settings import ConnectorOptions
 
-SERVERS = Path(__file__).parent / "mcp_servers"
 BIN = Path(sys.executable).parent
 TOKEN = "test-token-5b1e"
 NONE = McpCredentials()
 MODERN = "2026-07-28"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_for(predicate: object, what: str, seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _alive(pid: int) -> bool:
@@ -64,40 +41,9 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
 
 
-@dataclass
-class HttpServer:
-    port: int
-    state: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                str(SERVERS / "http_server.py"),
-                str(self.port),
-                TOKEN,
-                str(self.state),
-            ]
-        )
-        _wait_for(lambda: _listening(self.port), "the HTTP MCP server to listen")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-
-    def config(self) -> McpServerConfig:
-        return McpServerConfig(transport=McpTransport.HTTP, url=self.url)
-
-
 @pytest.fixture(scope="module")
 def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
-    server = HttpServer(_free_port(), tmp_path_factory.mktemp("mcp-http"))
+    server = HttpServer(free_port(), tmp_path_factory.mktemp("mcp-http"), TOKEN)
     server.start()
     yield server
     server.stop()
@@ -395,7 +341,7 @@ async def test_a_server_that_never_answers_the_handshake_is_given_up_and_stopped
         with pytest.raises(ConnectorUnavailableError, match="no session within 1 s"):
             await client.list_tools("acme/mute", config, NONE)
         pid = int((tmp_path / "pid").read_text())
-        await asyncio.to_thread(_wait_for, lambda: not _alive(pid), "the mute server to stop")
+        await asyncio.to_thread(wait_for, lambda: not _alive(pid), "the mute server to stop")
     finally:
         await client.aclose()
 
@@ -404,7 +350,7 @@ async def test_the_backoff_doubles_with_each_failure_up_to_its_cap() -> None:
     client = SdkMcpClient(
         ConnectorOptions(mcp_reconnect_backoff_s=1.0, mcp_reconnect_max_backoff_s=1.5)
     )
-    nowhere = McpServerConfig(transport=McpTransport.HTTP, url=f"http://127.0.0.1:{_free_port()}/")
+    nowhere = McpServerConfig(transport=McpTransport.HTTP, url=f"http://127.0.0.1:{free_port()}/")
 
     async def next_attempt_in() -> float:
         with pytest.raises(ConnectorUnavailableError, match="next attempt") as caught:
@@ -541,7 +487,7 @@ async def test_http_a_hanging_call_times_out_and_is_cancelled_on_the_server(
         await client.call_tool(
             "acme/http", config, BEARER, "hang", {"label": "hang-1"}, timeout_s=1
         )
-    await asyncio.to_thread(_wait_for, marker.exists, "the server to see the cancel")
+    await asyncio.to_thread(wait_for, marker.exists, "the server to see the cancel")
     assert marker.read_text() == "hang-1"
     after = await client.call_tool("acme/http", config, BEARER, "whoami", {}, timeout_s=20)
     assert after.content[0].text == MODERN  # the session outlived the timeout
@@ -551,7 +497,7 @@ async def test_http_health(client: SdkMcpClient, http_server: HttpServer) -> Non
     assert await client.health("acme/http", http_server.config(), BEARER) is None
     legacy = http_server.config().model_copy(update={"protocol": "legacy"})
     assert await client.health("acme/http-legacy", legacy, BEARER) is None  # a ping
-    nowhere = McpServerConfig(transport=McpTransport.HTTP, url=f"http://127.0.0.1:{_free_port()}/")
+    nowhere = McpServerConfig(transport=McpTransport.HTTP, url=f"http://127.0.0.1:{free_port()}/")
     why = await client.health("acme/nowhere", nowhere, BEARER)
     assert why is not None and "cannot connect" in why
 
@@ -635,5 +581,5 @@ async def test_a_cancelled_caller_cancels_the_call_on_the_server(
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    await asyncio.to_thread(_wait_for, marker.exists, "the server to see the cancel")
+    await asyncio.to_thread(wait_for, marker.exists, "the server to see the cancel")
     assert marker.read_text() == "run-stopped"

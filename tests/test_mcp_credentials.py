@@ -5,16 +5,12 @@ value is ever returned or audited."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
+from mcp_servers import HttpServer, free_port
 
 from cortex_ray import InProcessExecutor, Runtime, Settings
 from cortex_ray.mcp import mcp_tool_name
@@ -26,33 +22,14 @@ pytestmark = pytest.mark.timeout(300)
 
 TOKEN = "tok-ada-7f3"
 WEATHER = mcp_tool_name("wx", "weather")
-SERVER = Path(__file__).parent / "mcp_servers" / "http_server.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
-    state = tmp_path_factory.mktemp("mcp-credentials")
-    process = subprocess.Popen([sys.executable, str(SERVER), str(port), TOKEN, str(state)])
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the MCP server never listened")
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    server = HttpServer(free_port(), tmp_path_factory.mktemp("mcp-credentials"), TOKEN)
+    server.start()
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture
